@@ -1,0 +1,3 @@
+from vlrl.cli import main
+
+main()

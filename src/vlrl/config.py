@@ -1,0 +1,408 @@
+"""One typed configuration for a whole run.
+
+A run is described by a `RunConfig`: a YAML file (see `configs/`) plus dotted command-line
+overrides such as `algo.group_size=8`. Every field below has a type, a default and a description;
+`vlrl config show --doc` prints them all. Unknown keys, wrong types and impossible values are
+errors that name the key and the file, with a did-you-mean suggestion for typos.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vlrl.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+# --------------------------------------------------------------------------------------------
+# model
+
+
+class LoraConfig(Section):
+    rank: int = Field(16, ge=1, le=1024, description="LoRA rank r.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling numerator; the update is scaled by alpha/rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input (0 keeps rollouts and training identical).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Linear layers of the language model that get LoRA adapters.",
+    )
+    include_vision: bool = Field(False, description="Also adapt the vision tower's linear layers.")
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "runs/models/tiny-ci",
+        description="Local directory of a Qwen3-VL checkpoint (or one built by `vlrl model init-tiny`). Never downloaded.",
+    )
+    init_tiny: Literal["ci", "demo"] | None = Field(
+        None,
+        description="If set and `path` does not exist, build a random tiny model of this preset there first (offline).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype of the policy.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field("sdpa", description="Attention kernel.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter shape.")
+
+
+# --------------------------------------------------------------------------------------------
+# environment
+
+
+class RewardConfig(Section):
+    success: float = Field(1.0, description="Terminal reward when the episode ends on the goal (the reference reward).")
+    progress: float = Field(
+        0.0, ge=0, description="Shaping: reward per cell of BFS distance gained towards the goal (negative when moving away)."
+    )
+    invalid_action: float = Field(0.0, le=0, description="Penalty (<= 0) for a turn whose output has no parseable action.")
+    wall_bump: float = Field(0.0, le=0, description="Penalty (<= 0) for trying to move into a wall.")
+    step_cost: float = Field(0.0, le=0, description="Cost (<= 0) added on every turn, to prefer short paths.")
+
+
+class SplitConfig(Section):
+    seed_start: int = Field(..., ge=0, description="First seed of the split; seed ranges of splits never overlap.")
+    count: int = Field(..., ge=1, description="Number of tasks in the split.")
+    sizes: list[int] | None = Field(None, description="Maze sizes of this split (default: env.sizes).")
+
+
+class AdversarialConfig(Section):
+    themes: list[str] = Field(
+        default_factory=lambda: ["dark", "pastel", "noise"], description="Colour themes used by the adversarial split."
+    )
+    transforms: list[Literal["mirror", "rotate90", "rotate180", "rotate270"]] = Field(
+        default_factory=lambda: ["mirror", "rotate90", "rotate180", "rotate270"],
+        description="Geometric transforms of the maze (the action meanings stay those of the image).",
+    )
+    extra_sizes: list[int] = Field(default_factory=list, description="Sizes larger than trained on, added to the split.")
+
+
+class EnvConfig(Section):
+    name: str = Field(
+        "maze",
+        description="Registered environment: `maze` (multi-turn, one action per turn), `maze_plan` (single turn, whole path), or your own (`vlrl.envs.register_env`).",
+    )
+    sizes: list[int] = Field(default_factory=lambda: [5], description="Maze sizes N (NxN cells) sampled for training.")
+    layout: Literal["cells", "blocks"] = Field(
+        "cells",
+        description=(
+            "Maze drawing and movement. `cells`: N x N cells with thin wall lines on cell borders. "
+            "`blocks`: the reference layout (SkyRL VisGym maze): N x N square blocks where walls are whole gray "
+            "blocks, the (N-1)/2 x (N-1)/2 rooms sit at odd coordinates and a move goes one block "
+            "(9 -> 4x4 rooms, 11 -> 5x5); every size (env, split and adversarial extra sizes) must then be odd "
+            "and >= 5, and cell_px is pixels per block."
+        ),
+    )
+    cell_px: int = Field(25, ge=4, le=128, description="Pixels per cell; 25 reproduces the reference (9x9 -> 225 px).")
+    placement: Literal["corners", "random"] = Field(
+        "corners", description="Start and goal at opposite corners (reference) or random cells."
+    )
+    min_distance: int = Field(2, ge=1, description="With random placement: minimum BFS distance from start to goal.")
+    max_turns: int = Field(18, ge=1, le=256, description="Episode length limit in model turns (reference: 18).")
+    stop_required: bool = Field(
+        True, description="The episode succeeds only when the agent says `stop` on the goal (reference); False ends it on arrival."
+    )
+    rewards: RewardConfig = Field(default_factory=RewardConfig, description="Reward terms.")
+    train: SplitConfig = Field(default_factory=lambda: SplitConfig(seed_start=0, count=100_000), description="Training tasks.")
+    holdout: SplitConfig = Field(
+        default_factory=lambda: SplitConfig(seed_start=10_000_000, count=200), description="Held-out evaluation tasks."
+    )
+    adversarial: SplitConfig = Field(
+        default_factory=lambda: SplitConfig(seed_start=20_000_000, count=200), description="Adversarial evaluation tasks."
+    )
+    adversarial_variants: AdversarialConfig = Field(
+        default_factory=AdversarialConfig, description="How adversarial tasks differ from training ones."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "EnvConfig":
+        from vlrl.envs.base import registered_envs  # late: the registry imports env modules
+
+        known = registered_envs()
+        if self.name not in known:
+            close = difflib.get_close_matches(self.name, known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
+            raise ValueError(f"unknown environment '{self.name}'; {hint}")
+        for n in self.sizes:
+            if not 3 <= n <= 64:
+                raise ValueError(f"maze size {n} is out of range: sizes must be between 3 and 64")
+        if self.layout == "blocks":
+            where = {"sizes": self.sizes, "adversarial_variants.extra_sizes": self.adversarial_variants.extra_sizes}
+            where.update({f"{s}.sizes": getattr(self, s).sizes or [] for s in ("train", "holdout", "adversarial")})
+            for key, sizes in where.items():
+                bad = [n for n in sizes if n < 5 or n % 2 == 0]
+                if bad:
+                    raise ValueError(
+                        f"layout 'blocks' needs odd maze sizes >= 5 (N x N blocks around (N-1)/2 x (N-1)/2 rooms), "
+                        f"but env.{key} has {bad[0]}; use e.g. 9 or 11, or layout 'cells'"
+                    )
+        ranges = {s: (getattr(self, s).seed_start, getattr(self, s).seed_start + getattr(self, s).count) for s in ("train", "holdout", "adversarial")}
+        names = list(ranges)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                (a0, a1), (b0, b1) = ranges[a], ranges[b]
+                if a0 < b1 and b0 < a1:
+                    raise ValueError(f"seed ranges of splits {a} [{a0},{a1}) and {b} [{b0},{b1}) overlap")
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# rollout
+
+
+class RolloutConfig(Section):
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="Rollout engine; `auto` picks vLLM when installed, else transformers."
+    )
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1.0 for unbiased policy-gradient log-probs).")
+    max_new_tokens: int = Field(32, ge=1, description="Token budget of one model turn.")
+    batch_size: int = Field(64, ge=1, description="Most conversations sent to the engine in one generate call.")
+    max_model_len: int = Field(4096, ge=64, description="Longest conversation (prompt + all turns) in tokens.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: share of GPU memory for weights + KV cache.")
+    kv_cache_memory_mb: int = Field(256, ge=16, description="vLLM on CPU: KV cache size in MiB (must be set on CPU).")
+
+
+# --------------------------------------------------------------------------------------------
+# algorithm
+
+
+class AlgoConfig(Section):
+    group_size: int = Field(8, ge=2, description="Episodes per task (G); advantages are normalised within a group.")
+    tasks_per_step: int = Field(8, ge=1, description="Tasks (groups) per training step; episodes per step = tasks * G.")
+    advantage: Literal["grpo", "dr_grpo"] = Field(
+        "grpo", description="`grpo`: (r - mean) / std in the group; `dr_grpo`: r - mean (no std division)."
+    )
+    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and sample more (DAPO).")
+    max_resample_rounds: int = Field(3, ge=0, description="With dynamic sampling: extra rounds to refill the batch.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip of the importance ratio: 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0, description="Upper clip of the importance ratio: 1 + eps_high (DAPO clip-higher).")
+    ratio_level: Literal["token", "sequence"] = Field("token", description="`token` (PPO/GRPO) or `sequence` (GSPO).")
+    loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = Field(
+        "token_mean", description="How per-token losses become one number."
+    )
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (the base, adapter off).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of episodes.")
+    mini_batch_size: int = Field(64, ge=1, description="Episodes per optimizer step.")
+    micro_batch_size: int = Field(8, ge=1, description="Episodes per forward/backward (gradient accumulation).")
+
+
+# --------------------------------------------------------------------------------------------
+# training
+
+
+class SftConfig(Section):
+    mode: Literal["lora", "full"] = Field(
+        "lora",
+        description="`lora`: train an adapter; `full`: train every weight and write a whole model (merged weights) that GRPO can start from.",
+    )
+    episodes: int = Field(512, ge=1, description="Oracle transcripts generated for behaviour cloning.")
+    epochs: int = Field(2, ge=1, description="Passes over the transcripts.")
+    lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
+    batch_size: int = Field(16, ge=1, description="Transcripts per optimizer step.")
+    noise: float = Field(
+        0.0, ge=0, le=1, description="Share of oracle turns replaced by a random action, so transcripts show recovery."
+    )
+
+
+class TrainConfig(Section):
+    seed: int = Field(0, description="Seed of everything: Python, NumPy, torch, the task sampler, the environments.")
+    steps: int = Field(20, ge=1, description="GRPO steps.")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate of the LoRA parameters (AdamW).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Schedule after warm-up.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
+    eval_tasks: int = Field(64, ge=1, description="Holdout tasks used by periodic evaluation.")
+    checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept; the newest valid one is never deleted.")
+    sft: SftConfig = Field(default_factory=SftConfig, description="Settings of the SFT warm start (`vlrl sft`).")
+
+
+# --------------------------------------------------------------------------------------------
+# runtime, storage, tracking, serving
+
+
+class RuntimeConfig(Section):
+    address: str | None = Field(None, description="Ray address to join; None starts a local Ray instance.")
+    num_workers: int = Field(1, ge=1, description="Worker actors, one per device (GPU, or CPU slot without GPUs).")
+    use_gpu: bool = Field(False, description="One GPU per worker; False runs workers on CPU slots.")
+    cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved for each worker.")
+    placement_timeout_s: float = Field(120.0, gt=0, description="Give up with an error if the placement group is not ready by then.")
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker (None: torch's default).")
+    object_store_memory_mb: int = Field(300, ge=64, description="Object store of a local Ray instance, in MiB.")
+
+
+class StorageConfig(Section):
+    root: str = Field("runs", description="Shared storage: a POSIX path (e.g. /fsx) or fsspec URL for runs and artifacts.")
+    run_name: str | None = Field(None, description="Run directory name under root/ (default: a timestamp).")
+
+
+class TrackingConfig(Section):
+    enabled: bool = Field(False, description="Log to MLflow.")
+    uri: str | None = Field(None, description="MLflow tracking URI; None uses SQLite in the storage root.")
+    experiment: str = Field("vlrl", description="MLflow experiment name.")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="Expose Prometheus metrics on this port.")
+
+
+class ServingConfig(Section):
+    host: str = Field("127.0.0.1", description="Address the OpenAI-compatible server binds.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the server.")
+    max_model_len: int = Field(4096, ge=64, description="Longest request in tokens.")
+    max_loras: int = Field(4, ge=1, description="Adapters resident at once.")
+
+
+class RunConfig(Section):
+    """A whole run. Each section is documented field by field."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Base model and LoRA.")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and its splits.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine and sampling.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="GRPO and its variants.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation, evaluation and checkpoints.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Ray workers and placement.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Where runs are written.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and metrics.")
+    serving: ServingConfig = Field(default_factory=ServingConfig, description="Adapter serving.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        if self.algo.mini_batch_size % self.algo.micro_batch_size:
+            raise ValueError(
+                f"algo.mini_batch_size ({self.algo.mini_batch_size}) must be a multiple of "
+                f"algo.micro_batch_size ({self.algo.micro_batch_size})"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def _section_at(path: tuple[str, ...]) -> type[BaseModel] | None:
+    """The pydantic model class at a dotted path of RunConfig, or None past a leaf."""
+    cls: type[BaseModel] = RunConfig
+    for part in path:
+        field = cls.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        cls = ann
+    return cls
+
+
+def _explain(err: dict[str, Any], source: str) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        section = _section_at(loc[:-1])
+        known = list(section.model_fields) if section else []
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f"; did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else (f"; known keys: {', '.join(known)}" if known else "")
+        return f"{source}: unknown key '{key}'{hint}"
+    msg = err["msg"].removeprefix("Value error, ")
+    value = err.get("input")
+    if isinstance(value, dict):
+        return f"{source}: {key}: {msg}"
+    return f"{source}: {key} = {value!r}: {msg}"
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`update` laid over `base`, section by section, so a file may set only some fields of a section."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`algo.group_size=8` -> ("algo.group_size", 8); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key.sub=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a RunConfig from YAML (or defaults when path is None) and apply dotted overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{p}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections (model:, env:, ...)")
+        data = loaded
+    for text in overrides or []:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    if overrides:
+        source += " (with overrides)"
+    try:
+        return RunConfig.model_validate(_deep_merge(RunConfig().model_dump(), data))
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = _explain(errors[0], source)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(first + more) from None
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    """The fully resolved config as YAML, every field included."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_fields(cls: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) for every leaf field, for `vlrl config show --doc`."""
+    rows: list[tuple[str, str, str, str]] = []
+    for name, field in cls.model_fields.items():
+        ann = field.annotation
+        key = f"{prefix}{name}"
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(describe_fields(ann, key + "."))
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        type_name = ann.__name__ if isinstance(ann, type) else str(ann).replace("typing.", "")
+        rows.append((key, type_name, repr(default), field.description or ""))
+    return rows
