@@ -1,0 +1,237 @@
+"""The environment API every task implements, and the registry that finds them by name.
+
+An episode is driven like this (see `vlrl.rollout.episodes`)::
+
+    env = make_env(config.env)                 # one env object per episode
+    obs = env.reset(task)                      # first observation: images + text
+    # send env.system_prompt + obs.to_content() to the model, then loop:
+    result = env.step(model_text)              # reward for this turn, next observation
+    ...until result.done; then env.episode_metrics() and env.trace()
+
+An env class is registered with `@register_env("name")`. It is built as `cls(config)` from an
+`EnvConfig` and, besides the `Env` protocol below, provides three classmethods used here:
+`build_split(config, split)`, `split_version(config, split)` and `content_hash(task)`, plus
+`replay_trace(trace)` which re-checks a recorded episode. Built-in envs (the maze) register
+themselves when `vlrl.envs.maze` is imported; `make_env` imports it on first use.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from PIL import Image
+
+from vlrl.errors import VlrlError
+
+if TYPE_CHECKING:
+    from vlrl.config import EnvConfig
+
+SPLITS = ("train", "holdout", "adversarial")
+_BUILTIN_MODULES = ("vlrl.envs.maze",)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One episode's specification: which env, which split and position, which seed, what variant.
+
+    `params` is env-specific and JSON-able (the maze: size, placement, theme, transform, ...). It
+    is copied at construction and hashed by its canonical JSON, so tasks can be dict keys.
+    """
+
+    env: str
+    split: str
+    index: int
+    seed: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            params = json.loads(json.dumps(self.params, sort_keys=True))
+        except (TypeError, ValueError) as exc:
+            raise VlrlError(f"task params must be JSON-serialisable ({exc})") from None
+        object.__setattr__(self, "params", params)
+
+    def __hash__(self) -> int:
+        return hash((self.env, self.split, self.index, self.seed, json.dumps(self.params, sort_keys=True)))
+
+    @property
+    def task_id(self) -> str:
+        """Stable readable id, e.g. `maze/holdout/17/s10000017`."""
+        return f"{self.env}/{self.split}/{self.index}/s{self.seed}"
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict that `Task.from_json` reads back into an equal task."""
+        return {"env": self.env, "split": self.split, "index": self.index, "seed": self.seed, "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Task:
+        """Read a task written by `to_json`; malformed input raises VlrlError."""
+        if not isinstance(data, dict):
+            raise VlrlError(f"a task must be a JSON object, got {type(data).__name__}")
+        expected = {"env": str, "split": str, "index": int, "seed": int, "params": dict}
+        for key, kind in expected.items():
+            value = data.get(key)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise VlrlError(f"task JSON: '{key}' must be a {kind.__name__}, got {value!r}")
+        extra = set(data) - set(expected)
+        if extra:
+            raise VlrlError(f"task JSON: unknown key(s) {sorted(extra)}")
+        return cls(data["env"], data["split"], data["index"], data["seed"], data["params"])
+
+
+def image_to_data_url(image: Image.Image) -> str:
+    """PNG data URL of an image, as OpenAI-style chat APIs take it."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@dataclass
+class Observation:
+    """What the model sees on one turn: images, then text."""
+
+    images: list[Image.Image]
+    text: str
+
+    def to_content(self, image_format: Literal["pil", "data_url"] = "pil") -> list[dict[str, Any]]:
+        """Chat content parts, images first then the text.
+
+        `pil`: `[{"type": "image", "image": <PIL>}, {"type": "text", "text": ...}]` (HF processors);
+        `data_url`: `[{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}, ...]` (OpenAI).
+        """
+        if image_format == "pil":
+            parts: list[dict[str, Any]] = [{"type": "image", "image": im} for im in self.images]
+        elif image_format == "data_url":
+            parts = [{"type": "image_url", "image_url": {"url": image_to_data_url(im)}} for im in self.images]
+        else:
+            raise VlrlError(f"image_format must be 'pil' or 'data_url', got {image_format!r}")
+        return parts + [{"type": "text", "text": self.text}]
+
+
+@dataclass
+class StepResult:
+    """Outcome of one turn. `observation` is None once the episode is done."""
+
+    observation: Observation | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(Protocol):
+    """One episode at a time. Build a fresh env per episode (they are cheap)."""
+
+    name: str
+    system_prompt: str
+
+    def reset(self, task: Task) -> Observation:
+        """Start the episode of `task` and return the first observation."""
+        ...
+
+    def step(self, action_text: str) -> StepResult:
+        """Apply the model's raw response text; returns this turn's reward and the next observation."""
+        ...
+
+    def episode_metrics(self) -> dict[str, float]:
+        """success, turns, invalid_actions, wall_bumps, optimal_turns, return, ... as floats."""
+        ...
+
+    def trace(self) -> dict[str, Any]:
+        """The whole episode as JSON: task, env content, every turn's response, action and reward."""
+        ...
+
+    def oracle_response(self) -> str:
+        """The response an optimal player would give now, e.g. `<action>right</action>`."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# registry
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register_env(name: str):
+    """Class decorator: make an env class available to `make_env` under `name`."""
+
+    def decorate(cls: type) -> type:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtins() -> None:
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def env_class(name: str) -> type:
+    """The class registered under `name` (importing the built-in envs first if needed)."""
+    if name not in _REGISTRY:
+        _load_builtins()
+    if name not in _REGISTRY:
+        raise VlrlError(f"unknown environment '{name}'; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def registered_envs() -> list[str]:
+    """Names of all registered environments."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def make_env(config: EnvConfig) -> Env:
+    """A fresh environment of kind `config.name`."""
+    return env_class(config.name)(config)
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise VlrlError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
+
+
+def build_split(config: EnvConfig, split: str) -> Sequence[Task]:
+    """The deterministic task list of a split (a lazy sequence for large splits)."""
+    _check_split(split)
+    return env_class(config.name).build_split(config, split)
+
+
+def split_version(config: EnvConfig, split: str) -> str:
+    """Short hash over the generator version and the split's parameters."""
+    _check_split(split)
+    return env_class(config.name).split_version(config, split)
+
+
+def task_content_hash(task: Task) -> str:
+    """Hash of what the agent faces in `task` (for a maze: walls, start, goal), not of its seed."""
+    return env_class(task.env).content_hash(task)
+
+
+def overlapping_tasks(a: Sequence[Task], b: Sequence[Task]) -> list[tuple[Task, Task]]:
+    """Pairs (task of a, task of b) whose content is the same; empty when the lists are disjoint."""
+    by_hash: dict[str, list[Task]] = {}
+    for task in b:
+        by_hash.setdefault(task_content_hash(task), []).append(task)
+    return [(ta, tb) for ta in a for tb in by_hash.get(task_content_hash(ta), [])]
+
+
+def replay_trace(trace: dict[str, Any]) -> dict[str, Any]:
+    """Re-simulate a recorded episode from its own content; see the env's `replay_trace`."""
+    if not isinstance(trace, dict) or not isinstance(trace.get("env"), str):
+        raise VlrlError("a trace must be a JSON object with an 'env' name")
+    return env_class(trace["env"]).replay_trace(trace)
+
+
+def step_all(envs: Sequence[Env], actions: Sequence[str]) -> list[StepResult]:
+    """Step many episodes, one response each, in order."""
+    if len(envs) != len(actions):
+        raise VlrlError(f"step_all got {len(envs)} envs but {len(actions)} actions")
+    return [env.step(text) for env, text in zip(envs, actions)]

@@ -1,0 +1,368 @@
+"""The maze as a multi-turn environment (`maze`) and as a single-turn planning task (`maze_plan`).
+
+`maze`: each turn the model sees the maze image and answers one action inside
+`<action>...</action>` (up, down, left, right, stop; case-insensitive, whitespace tolerated, the
+LAST tag counts). A move into a wall leaves the agent in place ("Cannot move into a wall.");
+a response without a valid action is an invalid turn. `stop` ends the episode, a success iff the
+agent is on the goal. With `stop_required=False`, arriving on the goal ends the episode with
+success. After `max_turns` turns the episode ends without success.
+
+`maze_plan`: one turn; the model answers the whole path, `<answer>right down down</answer>`
+(moves separated by spaces or commas, last tag counts). The path is simulated from the start
+(moves into walls are bumps that leave the agent in place) and succeeds iff it ENDS on the goal:
+passing over the goal and walking on does not count. An empty or unparseable answer is invalid.
+
+Both envs play either maze layout (`env.layout`: `cells`, or `blocks` where walls are whole
+blocks); the rules are the same, a move into a wall block is a bump like a move through a wall
+line. Rewards are in `rewards.py`. Every episode's `trace()` is JSON that `replay_trace` re-checks
+from the maze JSON and the raw responses alone; docs/maze.md documents both formats.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from vlrl.config import EnvConfig, RewardConfig
+from vlrl.envs.base import Observation, StepResult, Task, register_env
+from vlrl.envs.maze.maze import MOVES, Maze
+from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
+from vlrl.envs.maze.render import render
+from vlrl.envs.maze.rewards import turn_reward
+from vlrl.envs.maze.splits import build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap
+from vlrl.errors import VlrlError
+
+TRACE_FORMAT = "vlrl.trace/1"
+
+# -- fixed texts (all of them are in PROMPT_TEXTS) ---------------------------------------------
+ACTION_CHOICES = (
+    "Answer with <action>up</action>, <action>down</action>, <action>left</action>, <action>right</action> or <action>stop</action>."
+)
+SYSTEM_PROMPT = "You are playing a maze game. Each turn you see the maze and answer with one action."
+INSTRUCTION = f"You are the blue circle. Reach the red square, then stop. {ACTION_CHOICES}"
+INSTRUCTION_NO_STOP = f"You are the blue circle. Reach the red square. {ACTION_CHOICES}"
+MOVED_FEEDBACK = {move: f"Moved {move}." for move in MOVES}
+WALL_FEEDBACK = "Cannot move into a wall."
+INVALID_FEEDBACK = f"Invalid action. {ACTION_CHOICES}"
+STOP_ON_GOAL_FEEDBACK = "Stopped on the goal."
+STOP_OFF_GOAL_FEEDBACK = "Stopped, but not on the goal."
+REACHED_GOAL_FEEDBACK = "Reached the goal."
+OUT_OF_TURNS_FEEDBACK = "Out of turns."
+
+PLAN_SYSTEM_PROMPT = "You are playing a maze game. You see the maze and answer with your whole path."
+PLAN_INSTRUCTION = (
+    "You are the blue circle. Reach the red square. "
+    "Answer with all your moves (up, down, left, right) in order, e.g. <answer>right down down</answer>."
+)
+PLAN_SUCCESS_FEEDBACK = "The path ends on the goal."
+PLAN_FAIL_FEEDBACK = "The path does not end on the goal."
+PLAN_INVALID_FEEDBACK = "Invalid answer. Answer with your moves, e.g. <answer>right down down</answer>."
+
+PROMPT_TEXTS: list[str] = [
+    SYSTEM_PROMPT, INSTRUCTION, INSTRUCTION_NO_STOP, *MOVED_FEEDBACK.values(), WALL_FEEDBACK, INVALID_FEEDBACK,
+    STOP_ON_GOAL_FEEDBACK, STOP_OFF_GOAL_FEEDBACK, REACHED_GOAL_FEEDBACK, OUT_OF_TURNS_FEEDBACK,
+    PLAN_SYSTEM_PROMPT, PLAN_INSTRUCTION, PLAN_SUCCESS_FEEDBACK, PLAN_FAIL_FEEDBACK, PLAN_INVALID_FEEDBACK,
+    *(f"<action>{a}</action>" for a in (*MOVES, "stop")),
+    "<answer>" + " ".join(MOVES) + "</answer>",
+]
+
+_ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+
+
+def parse_action(text: str) -> str | None:
+    """The action of the last `<action>` tag (lower-cased), or None if absent or not an action."""
+    tags = _ACTION_TAG.findall(text or "")
+    if not tags:
+        return None
+    action = tags[-1].strip().lower()
+    return action if action in (*MOVES, "stop") else None
+
+
+def parse_plan(text: str) -> list[str] | None:
+    """The moves of the last `<answer>` tag, or None if absent, empty or containing a non-move."""
+    tags = _ANSWER_TAG.findall(text or "")
+    if not tags:
+        return None
+    moves = [m.lower() for m in re.split(r"[\s,]+", tags[-1]) if m]
+    if not moves or any(m not in MOVES for m in moves):
+        return None
+    return moves
+
+
+class _MazeEpisode:
+    """State and bookkeeping shared by both maze envs: reset, metrics, trace, replay."""
+
+    name = "maze"
+    system_prompt = SYSTEM_PROMPT
+
+    def __init__(self, config: EnvConfig, *, render_images: bool = True):
+        self.config = config
+        self.render_images = render_images
+        self.task: Task | None = None
+        self.maze: Maze | None = None
+
+    # -- split hooks used by vlrl.envs.base ---------------------------------------------------
+    @classmethod
+    def build_split(cls, config: EnvConfig, split: str):
+        return build_maze_split(config, split)
+
+    @classmethod
+    def split_version(cls, config: EnvConfig, split: str) -> str:
+        return maze_split_version(config, split)
+
+    @classmethod
+    def content_hash(cls, task: Task) -> str:
+        return maze_content_hash(task)
+
+    @classmethod
+    def train_overlap(cls, config: EnvConfig, tasks: list[Task]) -> list[Task]:
+        return train_overlap(tasks)
+
+    # -- episode ------------------------------------------------------------------------------
+    def reset(self, task: Task) -> Observation:
+        """Start the episode of `task`: its maze, the agent on the start cell."""
+        return self.start(task, maze_for_task(task))
+
+    def start(self, task: Task, maze: Maze) -> Observation:
+        """Start an episode on an explicit maze (used by `reset` and by trace replay)."""
+        self.task, self.maze = task, maze
+        self.pos = maze.start
+        self.dist = distances_to(maze, maze.goal)
+        self.turns: list[dict[str, Any]] = []
+        self.done = False
+        self.success = False
+        self.episode_return = 0.0
+        self.invalid_actions = 0
+        self.wall_bumps = 0
+        return Observation(self._images(), self._first_text())
+
+    def _first_text(self) -> str:
+        return INSTRUCTION if self.config.stop_required else INSTRUCTION_NO_STOP
+
+    def _images(self) -> list:
+        if not self.render_images:
+            return []
+        theme = self.task.params.get("theme", "default")
+        noise_seed = self.task.seed if theme == "noise" else None
+        return [render(self.maze, self.pos, self.config.cell_px, theme, noise_seed)]
+
+    def _check_started(self, what: str) -> None:
+        if self.maze is None:
+            raise VlrlError(f"{what}() before reset(task); start an episode first")
+
+    def _check_running(self) -> None:
+        self._check_started("step")
+        if self.done:
+            raise VlrlError("step() on a finished episode; call reset(task) to start a new one")
+
+    def _distance(self) -> int:
+        return self.dist[self.pos[0]][self.pos[1]]
+
+    def optimal_turns(self) -> int:
+        """Turns of optimal play from the start."""
+        d = self.dist[self.maze.start[0]][self.maze.start[1]]
+        return d + (1 if self.config.stop_required else 0)
+
+    def episode_metrics(self) -> dict[str, float]:
+        """success, turns, invalid_actions, wall_bumps, optimal_turns, return, final_distance, solvable."""
+        self._check_started("episode_metrics")
+        return {
+            "success": float(self.success),
+            "turns": float(len(self.turns)),
+            "invalid_actions": float(self.invalid_actions),
+            "wall_bumps": float(self.wall_bumps),
+            "optimal_turns": float(self.optimal_turns()),
+            "return": float(self.episode_return),
+            "final_distance": float(self._distance()),
+            "solvable": float(self.optimal_turns() <= self.config.max_turns),
+        }
+
+    def trace(self) -> dict[str, Any]:
+        """The episode as JSON (format `vlrl.trace/1`, see docs/maze.md)."""
+        self._check_started("trace")
+        return {
+            "format": TRACE_FORMAT,
+            "env": self.name,
+            "task": self.task.to_json(),
+            "maze": self.maze.to_json(),
+            "settings": {
+                "max_turns": self.config.max_turns,
+                "stop_required": self.config.stop_required,
+                "rewards": self.config.rewards.model_dump(),
+            },
+            "turns": [dict(t) for t in self.turns],
+            "done": self.done,
+            "success": self.success,
+            "return": self.episode_return,
+        }
+
+    @classmethod
+    def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:
+        """Re-run a trace from its maze JSON and raw responses; report whether it matches.
+
+        Returns {"success", "return", "turns", "matches", "problems"}: the replayed outcome, and
+        the list of differences from what the trace records (empty when it is consistent).
+        """
+        for key in ("format", "task", "maze", "settings", "turns", "success", "return"):
+            if key not in trace:
+                raise VlrlError(f"trace lacks '{key}'")
+        if trace["format"] != TRACE_FORMAT:
+            raise VlrlError(f"trace format is {trace['format']!r}; this version reads {TRACE_FORMAT!r}")
+        settings = trace["settings"]
+        try:
+            config = EnvConfig(
+                name=cls.name, max_turns=settings["max_turns"], stop_required=settings["stop_required"],
+                rewards=RewardConfig(**settings["rewards"]),
+            )
+        except (ValidationError, KeyError, TypeError) as exc:
+            raise VlrlError(f"trace settings are invalid ({str(exc).splitlines()[0]})") from None
+        env = cls(config, render_images=False)
+        env.start(Task.from_json(trace["task"]), Maze.from_json(trace["maze"]))
+        problems: list[str] = []
+        for i, recorded in enumerate(trace["turns"], start=1):
+            if env.done:
+                problems.append(f"turn {i} is recorded after the episode ended")
+                break
+            env.step(str(recorded.get("response", "")))
+            replayed = env.turns[-1]
+            for key, value in replayed.items():
+                want = recorded.get(key)
+                same = abs(float(want) - value) < 1e-9 if key == "reward" and isinstance(want, (int, float)) else want == value
+                if not same:
+                    problems.append(f"turn {i}: {key} is {want!r} in the trace but {value!r} on replay")
+        if env.success != trace["success"]:
+            problems.append(f"success is {trace['success']!r} in the trace but {env.success!r} on replay")
+        if not isinstance(trace["return"], (int, float)) or abs(trace["return"] - env.episode_return) > 1e-9:
+            problems.append(f"return is {trace['return']!r} in the trace but {env.episode_return!r} on replay")
+        return {
+            "success": env.success,
+            "return": env.episode_return,
+            "turns": len(env.turns),
+            "matches": not problems,
+            "problems": problems,
+        }
+
+
+@register_env("maze")
+class MazeEnv(_MazeEpisode):
+    """Multi-turn maze: one action per turn, a re-rendered image each turn."""
+
+    system_prompt = SYSTEM_PROMPT
+
+    def step(self, action_text: str) -> StepResult:
+        """Apply one response; see the module docstring for the rules."""
+        self._check_running()
+        cfg = self.config
+        action = parse_action(action_text)
+        before = self._distance()
+        bumped = False
+        if action is None:
+            feedback = INVALID_FEEDBACK
+            self.invalid_actions += 1
+        elif action == "stop":
+            self.done = True
+            self.success = self.pos == self.maze.goal
+            feedback = STOP_ON_GOAL_FEEDBACK if self.success else STOP_OFF_GOAL_FEEDBACK
+        else:
+            moved_to = self.maze.move(self.pos, action)
+            if moved_to is None:
+                bumped = True
+                self.wall_bumps += 1
+                feedback = WALL_FEEDBACK
+            else:
+                self.pos = moved_to
+                feedback = MOVED_FEEDBACK[action]
+                if not cfg.stop_required and self.pos == self.maze.goal:
+                    self.done = self.success = True
+                    feedback = REACHED_GOAL_FEEDBACK
+        truncated = not self.done and len(self.turns) + 1 >= cfg.max_turns
+        if truncated:
+            self.done = True
+            feedback = f"{feedback} {OUT_OF_TURNS_FEEDBACK}"
+        reward = turn_reward(
+            cfg.rewards, valid=action is not None, bumps=int(bumped),
+            distance_before=before, distance_after=self._distance(), success=self.success,
+        )
+        self.episode_return += reward
+        self.turns.append({
+            "response": action_text, "action": action, "valid": action is not None, "bumped": bumped,
+            "reward": reward, "feedback": feedback, "position": list(self.pos),
+        })
+        info = {
+            "action": action, "valid": action is not None, "bumped": bumped, "success": self.success,
+            "feedback": feedback, "position": list(self.pos), "distance": self._distance(),
+            "turn": len(self.turns), "truncated": truncated,
+        }
+        observation = None if self.done else Observation(self._images(), feedback)
+        return StepResult(observation, reward, self.done, info)
+
+    def oracle_response(self) -> str:
+        """`<action>X</action>` with the move towards the goal, or stop on it."""
+        self._check_started("oracle_response")
+        return f"<action>{next_action(self.maze, self.pos)}</action>"
+
+
+@register_env("maze_plan")
+class MazePlanEnv(_MazeEpisode):
+    """Single-turn maze: the model answers the whole path at once."""
+
+    system_prompt = PLAN_SYSTEM_PROMPT
+
+    def _first_text(self) -> str:
+        return PLAN_INSTRUCTION
+
+    def optimal_turns(self) -> int:
+        """Moves of the shortest path (the plan's length when optimal)."""
+        return self.dist[self.maze.start[0]][self.maze.start[1]]
+
+    def episode_metrics(self) -> dict[str, float]:
+        """As the multi-turn env, with `turns` = moves of the plan and `solvable` always 1."""
+        metrics = super().episode_metrics()
+        plan = self.turns[0]["plan"] if self.turns else None
+        metrics["turns"] = float(len(plan or []))
+        metrics["solvable"] = 1.0
+        return metrics
+
+    def step(self, action_text: str) -> StepResult:
+        """Score a whole plan by simulating it from the start; the episode ends."""
+        self._check_running()
+        plan = parse_plan(action_text)
+        before = self._distance()
+        bumps = 0
+        if plan is None:
+            self.invalid_actions += 1
+            feedback = PLAN_INVALID_FEEDBACK
+        else:
+            for move in plan:
+                moved_to = self.maze.move(self.pos, move)
+                if moved_to is None:
+                    bumps += 1
+                else:
+                    self.pos = moved_to
+            self.success = self.pos == self.maze.goal
+            feedback = PLAN_SUCCESS_FEEDBACK if self.success else PLAN_FAIL_FEEDBACK
+        self.wall_bumps += bumps
+        self.done = True
+        reward = turn_reward(
+            self.config.rewards, valid=plan is not None, bumps=bumps, distance_before=before,
+            distance_after=self._distance(), success=self.success, steps=len(plan) if plan else 1,
+        )
+        self.episode_return += reward
+        self.turns.append({
+            "response": action_text, "plan": plan, "valid": plan is not None, "bumps": bumps,
+            "reward": reward, "feedback": feedback, "position": list(self.pos),
+        })
+        info = {
+            "action": None if plan is None else " ".join(plan), "valid": plan is not None, "bumped": bumps > 0,
+            "bumps": bumps, "success": self.success, "feedback": feedback, "position": list(self.pos),
+            "distance": self._distance(), "turn": 1, "truncated": False,
+        }
+        return StepResult(None, reward, True, info)
+
+    def oracle_response(self) -> str:
+        """`<answer>...</answer>` with the shortest path from the start."""
+        self._check_started("oracle_response")
+        return "<answer>" + " ".join(optimal_actions(self.maze, self.maze.start, self.maze.goal)) + "</answer>"
