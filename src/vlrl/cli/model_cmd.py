@@ -1,0 +1,89 @@
+"""`vlrl model ...`: build tiny offline models and inspect model directories."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Build and inspect policy models (local directories only).", no_args_is_help=True)
+console = Console()
+
+
+class TinySizeChoice(str, Enum):
+    """Presets of `build_tiny_model`."""
+
+    ci = "ci"
+    demo = "demo"
+
+
+def _quiet_transformers() -> None:
+    """Hide transformers' weight-loading/saving progress bars; the CLI shows its own status."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def _params_table(title: str, counts: dict[str, int]) -> Table:
+    table = Table(title=title, show_header=False)
+    for key in ("total", "vision", "language"):
+        table.add_row(f"{key} parameters", f"{counts[key]:,}")
+    return table
+
+
+@app.command("init-tiny")
+def init_tiny(
+    out: Path = typer.Argument(..., help="Directory to create (must not exist or be empty)."),
+    size: TinySizeChoice = typer.Option(
+        TinySizeChoice.ci, "--size", help="ci: <1M params for tests; demo: ~5M, learns a small maze."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Initialisation seed; the same seed gives identical weights."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files."),
+) -> None:
+    """Build a random tiny Qwen3-VL model with its own tokenizer, fully offline.
+
+    Example: vlrl model init-tiny runs/models/tiny-demo --size demo --seed 0
+    """
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.models.loading import count_checkpoint_parameters
+    from vlrl.models.tiny import build_tiny_model
+
+    _quiet_transformers()
+    with console.status(f"Building tiny Qwen3-VL ({size.value}, seed {seed}) in {out} ..."):
+        path = build_tiny_model(out, size=size.value, seed=seed, overwrite=overwrite)
+        fingerprint = model_fingerprint(path)
+    console.print(f"[green]Built[/green] {path}")
+    console.print(_params_table(f"tiny-{size.value}", count_checkpoint_parameters(path)))
+    console.print(f"fingerprint: {fingerprint}", soft_wrap=True)
+
+
+@app.command("info")
+def info(model_dir: Path = typer.Argument(..., help="A local model directory (config.json + safetensors).")) -> None:
+    """Show a model directory's type, parameter counts, fingerprint and image settings.
+
+    Parameter counts come from the safetensors headers, so this is quick even for large models.
+
+    Example: vlrl model info runs/models/tiny-demo
+    """
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.models.loading import count_checkpoint_parameters, read_model_config
+    from vlrl.models.processor import load_processor
+
+    _quiet_transformers()
+    config = read_model_config(model_dir)
+    counts = count_checkpoint_parameters(model_dir)
+    image_processor = load_processor(model_dir).image_processor
+    size = image_processor.size
+
+    table = _params_table(str(model_dir), counts)
+    table.add_row("model type", config["model_type"])
+    text = config.get("text_config", {})
+    table.add_row("text hidden / layers", f"{text.get('hidden_size')} / {text.get('num_hidden_layers')}")
+    table.add_row("vocab size", str(text.get("vocab_size")))
+    table.add_row("patch size / merge", f"{image_processor.patch_size} / {image_processor.merge_size}")
+    table.add_row("image min / max pixels", f"{size['shortest_edge']:,} / {size['longest_edge']:,}")
+    console.print(table)
+    console.print(f"fingerprint: {model_fingerprint(model_dir)}", soft_wrap=True)

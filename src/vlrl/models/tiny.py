@@ -1,0 +1,345 @@
+"""Tiny, randomly initialised Qwen3-VL models, built fully offline.
+
+A tiny model has the real Qwen3-VL architecture (vision tower with deepstack, M-RoPE, the chat
+format and special tokens of Qwen) at a size that trains on two CPU cores. It comes with its own
+small byte-level BPE tokenizer, trained in memory on a built-in corpus of chat and maze-game
+text, so nothing is ever downloaded. The directory it writes loads with
+`AutoModelForImageTextToText.from_pretrained`, `load_processor` and vLLM like any Qwen3-VL
+checkpoint.
+
+Two presets (`TINY_SPECS`): "ci" (< 1M parameters, for tests) and "demo" (a few million, able
+to learn a small visual maze). The same preset and seed always give byte-identical weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from vlrl.errors import VlrlError
+
+TinySize = Literal["ci", "demo"]
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of a tiny Qwen3-VL model and its image processor."""
+
+    text_hidden: int
+    text_layers: int
+    text_heads: int
+    text_kv_heads: int
+    head_dim: int  # vLLM's CPU attention needs 32, 64, 80, 96, ...
+    text_intermediate: int
+    vision_depth: int
+    vision_hidden: int
+    vision_heads: int
+    vision_intermediate: int
+    patch_size: int
+    spatial_merge: int
+    image_min_pixels: int  # below this an image is upscaled
+    image_max_pixels: int  # above this an image is downscaled
+    tokenizer_vocab: int  # BPE vocabulary before the special/added tokens
+
+
+TINY_SPECS: dict[str, TinySpec] = {
+    # ~0.9M parameters: fast enough for unit tests.
+    "ci": TinySpec(
+        text_hidden=128, text_layers=2, text_heads=4, text_kv_heads=2, head_dim=32, text_intermediate=256,
+        vision_depth=2, vision_hidden=64, vision_heads=4, vision_intermediate=256,
+        patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
+        tokenizer_vocab=1024,
+    ),
+    # ~5M parameters: still well under a second per 16x150-token training batch on 2 cores.
+    "demo": TinySpec(
+        text_hidden=256, text_layers=4, text_heads=8, text_kv_heads=2, head_dim=32, text_intermediate=768,
+        vision_depth=2, vision_hidden=128, vision_heads=4, vision_intermediate=512,
+        patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
+        tokenizer_vocab=1024,
+    ),
+}
+
+# Special tokens of the Qwen chat/vision format. Real Qwen3-VL spells them the same way.
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+VISION_PAD = "<|vision_pad|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END, VISION_START, VISION_END, VISION_PAD, IMAGE_PAD, VIDEO_PAD]
+# Answer tags are ordinary (non-special) added tokens: one token each, kept when decoding with
+# skip_special_tokens=True, so "<action>right</action>" is three tokens.
+ANSWER_TAGS = ["<action>", "</action>", "<answer>", "</answer>"]
+
+# Qwen's chat format: `<|im_start|>role\n...<|im_end|>\n`, images and videos inline where they
+# appear in a message's content list. No default system prompt (as in Qwen3-VL-Instruct).
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- elif 'text' in part -%}"
+    "{{- part['text'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- endif -%}"
+)
+
+# Qwen2/Qwen3's pre-tokenisation split (letters, single digits, punctuation runs, whitespace).
+_QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_ACTIONS = ["up", "down", "left", "right", "stop"]
+_INSTRUCTIONS = [
+    "You are the blue circle. Move to the red square.",
+    "You are the blue circle in a maze. Reach the red square, then stop.",
+    "The maze has gray walls and a white floor. You can move up, down, left or right, one cell at a time.",
+    "Answer with one action inside <action></action> tags, for example <action>up</action>.",
+    "Choose one of: up, down, left, right, stop. Put your answer in <answer></answer> tags.",
+    "Look at the image and decide where to go next.",
+    "Think step by step about the path, then give your action.",
+    "Stop only when you are on the target.",
+    "What is the next move?",
+    "Describe the image.",
+    "You are a helpful assistant.",
+]
+_FEEDBACK = [
+    "Cannot move into a wall.",
+    "You moved {action}.",
+    "You reached the target. Well done!",
+    "You stopped, but you are not on the target.",
+    "Invalid action. Use one of: up, down, left, right, stop.",
+    "The episode is over.",
+    "Turn {turn} of 18.",
+    "The target is {action} of you.",
+]
+_REASONING = [
+    "The red square is to the {action}, so I will move {action}.",
+    "There is a wall above me, so I cannot go up.",
+    "I am at row {turn}, column {col}. The target is at row 8, column 8.",
+    "I should go {action} first and then down.",
+    "I am on the target, so I stop.",
+]
+_GENERAL_TEXT = """
+The quick brown fox jumps over the lazy dog. A picture shows a small grid with colored shapes.
+This is a simple game: the player is a circle and the goal is a square. Each step costs nothing,
+but the game ends after a fixed number of turns. Please read the question carefully and answer it.
+Here is the answer. I think the correct answer is yes. No, that is not right. It is not possible.
+The first, second and third rows are empty; the fourth row has a wall in the middle of it.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 18 25 100. Reward: 1.0, score 0.5, success rate 42%.
+Position (3, 4) -> (3, 5). Path: right, right, down, down, left. Total: 5 moves.
+Hello! How can I help you today? Sure, here is what I see in the image: a blue circle, a red square,
+gray walls and white cells. The circle is in the top left corner and the square is in the bottom right.
+Describe the image in detail. What do you see? Count the objects and tell me their colors and positions.
+There are three people standing near a red car on the street. The sky is blue and the weather is nice.
+Could you explain why this happens? Because the model learns from rewards, it improves over time.
+We trained the policy for ten steps and evaluated it on new puzzles; it solved most of them quickly.
+Instructions: read the text, look at the picture, then write a short and clear response below.
+Question: Which way should the agent go? Options: (A) up (B) down (C) left (D) right. Answer: (D)
+The door is open, the key is on the table, and the green light means you may go forward now.
+If you are unsure, say so. Do not guess. Check your work before you give the final answer.
+Morning, afternoon, evening and night; Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday.
+Some words: water, house, water bottle, chair, window, garden, number, letter, shape, triangle, line.
+Large and small, fast and slow, inside and outside, before and after, always and never, more and less.
+"""
+
+
+def _tokenizer_corpus() -> list[str]:
+    """A fixed, varied corpus: enough to learn useful merges, identical on every machine."""
+    lines: list[str] = [line.strip() for line in _GENERAL_TEXT.strip().splitlines()]
+    lines += _INSTRUCTIONS
+    for turn in range(1, 19):
+        for i, action in enumerate(_ACTIONS):
+            fills = {"action": action, "turn": turn, "col": (turn + i) % 9}
+            lines += [t.format(**fills) for t in _FEEDBACK + _REASONING]
+            # Action words as they appear right after an added tag (no leading space) and in prose.
+            lines.append(f"{action}\n {action} {action.capitalize()}")
+            # The text of a chat turn, without the special tokens (those are added tokens).
+            lines.append(f"user\n{_INSTRUCTIONS[turn % len(_INSTRUCTIONS)]}\n{_FEEDBACK[i]}\nassistant\n{action}\n")
+    return lines
+
+
+def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a small byte-level BPE tokenizer in memory and wrap it with Qwen's special tokens."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any byte stays encodable
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in ANSWER_TAGS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        extra_special_tokens={
+            "image_token": IMAGE_PAD,
+            "video_token": VIDEO_PAD,
+            "vision_start_token": VISION_START,
+            "vision_end_token": VISION_END,
+        },
+        clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Split head_dim/2 rotary frequencies over (time, height, width) like Qwen3-VL's [24, 20, 20]."""
+    half = head_dim // 2
+    spatial = half * 5 // 16
+    return [half - 2 * spatial, spatial, spatial]
+
+
+def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Qwen3VLConfig:
+    """The Qwen3VLConfig of a tiny model whose special-token ids come from `tokenizer`."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": spec.text_hidden,
+            "intermediate_size": spec.text_intermediate,
+            "num_hidden_layers": spec.text_layers,
+            "num_attention_heads": spec.text_heads,
+            "num_key_value_heads": spec.text_kv_heads,
+            "head_dim": spec.head_dim,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5_000_000.0,
+                "mrope_interleaved": True,
+                "mrope_section": _mrope_section(spec.head_dim),
+            },
+            "pad_token_id": ids[PAD_TOKEN],
+        },
+        vision_config={
+            "depth": spec.vision_depth,
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": spec.vision_intermediate,
+            "num_heads": spec.vision_heads,
+            "patch_size": spec.patch_size,
+            "spatial_merge_size": spec.spatial_merge,
+            "temporal_patch_size": 2,
+            "out_hidden_size": spec.text_hidden,
+            "num_position_embeddings": 256,  # must be a perfect square (a 16x16 grid, interpolated)
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids[IMAGE_PAD],
+        video_token_id=ids[VIDEO_PAD],
+        vision_start_token_id=ids[VISION_START],
+        vision_end_token_id=ids[VISION_END],
+        tie_word_embeddings=False,
+    )
+
+
+def tiny_image_processor(spec: TinySpec) -> Qwen2VLImageProcessorPil:
+    """Image processor for `spec`; sizes are pixel counts, sides are rounded to patch*merge."""
+    return Qwen2VLImageProcessorPil(
+        size={"shortest_edge": spec.image_min_pixels, "longest_edge": spec.image_max_pixels},
+        patch_size=spec.patch_size,
+        temporal_patch_size=2,
+        merge_size=spec.spatial_merge,
+        image_mean=[0.5, 0.5, 0.5],  # Qwen3-VL's normalisation
+        image_std=[0.5, 0.5, 0.5],
+    )
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _save_processor_files(out: Path, spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Write tokenizer, image/video processor configs and chat template in the layout of a real
+    Qwen3-VL release, naming the stock `Qwen3VLProcessor` so vLLM and AutoProcessor (where
+    torchvision exists) load them; vlrl itself uses `load_processor`."""
+    tokenizer.save_pretrained(str(out))
+    tok_cfg_file = out / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_file.read_text(encoding="utf-8"))
+    tok_cfg["model_max_length"] = 4096
+    tok_cfg["processor_class"] = "Qwen3VLProcessor"
+    _write_json(tok_cfg_file, tok_cfg)
+
+    image_cfg = tiny_image_processor(spec).to_dict()
+    image_cfg["image_processor_type"] = "Qwen2VLImageProcessor"
+    image_cfg["processor_class"] = "Qwen3VLProcessor"
+    _write_json(out / "preprocessor_config.json", image_cfg)
+    video_keys = ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "image_mean", "image_std",
+                  "merge_size", "patch_size", "resample", "rescale_factor", "size", "temporal_patch_size")
+    video_cfg = {k: image_cfg[k] for k in video_keys}
+    video_cfg.update(video_processor_type="Qwen3VLVideoProcessor", processor_class="Qwen3VLProcessor")
+    _write_json(out / "video_preprocessor_config.json", video_cfg)
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+
+
+def build_tiny_model(
+    out_dir: str | Path, size: TinySize = "ci", seed: int = 0, overwrite: bool = False
+) -> Path:
+    """Build a random tiny Qwen3-VL model (float32 safetensors + processor files) in `out_dir`.
+
+    Deterministic: the same `size` and `seed` give identical weight files (and fingerprint).
+    Writes `vlrl_tiny.json` with the preset and seed. Returns the directory.
+    """
+    if size not in TINY_SPECS:
+        raise VlrlError(f"unknown tiny model size {size!r}; choose one of: {', '.join(TINY_SPECS)}")
+    spec = TINY_SPECS[size]
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise VlrlError(
+                f"{out} already exists and is not empty; choose a new directory or overwrite it (--overwrite)"
+            )
+        shutil.rmtree(out)
+
+    tokenizer = build_tokenizer(spec.tokenizer_vocab)
+    config = tiny_config(spec, tokenizer)
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    pad_id = tokenizer.pad_token_id
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad_id, eos_token_id=[tokenizer.eos_token_id, pad_id], pad_token_id=pad_id
+    )
+
+    # Write next to the target and rename, so a crash never leaves a half-built model behind.
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp))
+    _save_processor_files(tmp, spec, tokenizer)
+    _write_json(tmp / "vlrl_tiny.json", {"size": size, "seed": seed, "spec": dataclasses.asdict(spec)})
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+    return out
