@@ -1,0 +1,87 @@
+"""The rollout engine interface: everything that samples from the policy goes through it.
+
+An engine takes token prompts with their images (built by `ChatFormat`, so token ids are exact)
+and returns, per prompt, `n` completions with the sampled token ids and their log-probabilities.
+After each optimizer step the trainer hands it the new LoRA weights in memory
+(`update_adapter`); `adapter_version` says which weights it is serving.
+
+Log-probabilities are those of the distribution actually sampled from: logits divided by the
+temperature, with the suppressed (vision special) tokens removed. The policy re-scores sampled
+tokens the same way (`vlrl.training.policy`), so the two agree up to float error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from vlrl.errors import VlrlError
+from vlrl.rollout.sequence import MultimodalSequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one model turn."""
+
+    n: int = 1  # completions per prompt
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 32  # token budget of the turn
+    stop: list[str] = field(default_factory=list)  # extra stop strings; end-of-turn always stops
+    seed: int | None = None  # seeds the sampler of this call (reproducible rollouts)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Completion:
+    """One sampled response."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
+    text: str
+    finish_reason: Literal["stop", "length"]
+
+
+class RolloutEngine(ABC):
+    """Generates completions for token prompts with images and serves the current adapter."""
+
+    name: str = "engine"
+
+    @abstractmethod
+    def generate(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:
+        """For each prompt, `params.n` completions."""
+
+    @abstractmethod
+    def update_adapter(self, state: dict[str, torch.Tensor], version: int) -> float:
+        """Serve these LoRA weights from now on; returns the seconds the sync took."""
+
+    @property
+    @abstractmethod
+    def adapter_version(self) -> int:
+        """Version of the adapter being served (0: the initial adapter)."""
+
+    def sleep(self) -> None:
+        """Release memory while the policy trains (engines that cannot: nothing to do)."""
+
+    def wake_up(self) -> None:
+        """Restore what `sleep` released before the next rollouts."""
+
+
+def resolve_engine_name(requested: Literal["auto", "transformers", "vllm"]) -> str:
+    """`auto` means vLLM where it is installed, else transformers; asking for a missing vLLM is an error."""
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if requested == "auto":
+        return "vllm" if has_vllm else "transformers"
+    if requested == "vllm" and not has_vllm:
+        raise VlrlError("rollout.engine is 'vllm' but vLLM is not installed; install it or set rollout.engine=transformers")
+    return requested

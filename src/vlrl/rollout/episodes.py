@@ -1,0 +1,127 @@
+"""The episode driver: many multi-turn episodes at once through one rollout engine.
+
+Each turn, the episodes still running are batched into one engine call; their environments step
+on the responses; each conversation grows by the model's tokens (loss mask 1) and by the next
+observation (loss mask 0); finished episodes leave the batch. The first turn of the G episodes of
+a task is one prompt sampled `n=G` times, so single-turn tasks (the plan variant) cost one prompt
+per task.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlrl.config import EnvConfig
+from vlrl.envs.base import Env, Task, make_env
+from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
+from vlrl.rollout.sequence import ChatFormat, MultimodalSequence
+
+
+@dataclass
+class Episode:
+    """Everything one episode produced: tokens for training, rewards, metrics and a trace."""
+
+    task: Task
+    group: int  # index of the task in the batch; the G episodes of a task share it
+    sequence: MultimodalSequence
+    turn_rewards: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    trace: dict[str, Any] = field(default_factory=dict)
+    adapter_version: int = 0
+    truncated: bool = False  # ended because the conversation outgrew rollout.max_model_len
+    response_tokens: int = 0
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+
+@dataclass
+class RolloutStats:
+    """Where the time went during one call of `run_episodes`."""
+
+    generate_s: float = 0.0
+    env_s: float = 0.0
+    generated_tokens: int = 0
+    engine_calls: int = 0
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    chat: ChatFormat,
+    env_config: EnvConfig,
+    tasks: list[Task],
+    group_size: int,
+    params: SamplingParams,
+    max_model_len: int,
+    stats: RolloutStats | None = None,
+) -> list[Episode]:
+    """Play `group_size` episodes of every task; returns them grouped task by task."""
+    stats = stats if stats is not None else RolloutStats()
+    envs: list[Env] = []
+    episodes: list[Episode] = []
+    t0 = time.perf_counter()
+    first_prompts: list[MultimodalSequence] = []
+    for group, task in enumerate(tasks):
+        probe = make_env(env_config)
+        prompt = chat.prompt(probe.system_prompt, probe.reset(task))
+        first_prompts.append(prompt)
+        for k in range(group_size):
+            env = probe if k == 0 else make_env(env_config)
+            if k:
+                env.reset(task)
+            envs.append(env)
+            episodes.append(Episode(task, group, prompt.copy(), adapter_version=engine.adapter_version))
+    stats.env_s += time.perf_counter() - t0
+
+    # Turn 1: one prompt per task, G samples each.
+    turn_params = SamplingParams(**{**params.__dict__, "n": group_size})
+    completions = _generate(engine, first_prompts, turn_params, stats)
+    responses = [c for per_task in completions for c in per_task]
+    active = list(range(len(episodes)))
+    turn = 0
+    while active:
+        turn += 1
+        t0 = time.perf_counter()
+        still: list[int] = []
+        for i, comp in zip(active, responses):
+            ep, env = episodes[i], envs[i]
+            ep.sequence.append_sampled(comp.token_ids, comp.logprobs)
+            ep.response_tokens += len(comp.token_ids)
+            result = env.step(comp.text)
+            ep.turn_rewards.append(float(result.reward))
+            if result.done:
+                continue
+            piece = chat.observation_piece(result.observation, response_ended=comp.finish_reason == "stop" and bool(comp.token_ids) and comp.token_ids[-1] == chat.eos_id)
+            if len(ep.sequence) + len(piece) + params.max_new_tokens > max_model_len:
+                ep.truncated = True
+                continue
+            ep.sequence.extend(piece)
+            still.append(i)
+        stats.env_s += time.perf_counter() - t0
+        active = still
+        if not active:
+            break
+        # Later turns: each episode's own conversation, one sample, seeds moved on per turn.
+        turn_params = SamplingParams(**{**params.__dict__, "n": 1, "seed": None if params.seed is None else params.seed + turn})
+        completions = _generate(engine, [episodes[i].sequence for i in active], turn_params, stats)
+        responses = [per[0] for per in completions]
+
+    for ep, env in zip(episodes, envs):
+        ep.metrics = {**env.episode_metrics(), "truncated": float(ep.truncated), "response_tokens": float(ep.response_tokens)}
+        ep.trace = env.trace()
+        ep.trace["adapter_version"] = ep.adapter_version
+    return episodes
+
+
+def _generate(
+    engine: RolloutEngine, prompts: list[MultimodalSequence], params: SamplingParams, stats: RolloutStats
+) -> list[list[Completion]]:
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, params)
+    stats.generate_s += time.perf_counter() - t0
+    stats.engine_calls += 1
+    stats.generated_tokens += sum(len(c.token_ids) for per in out for c in per)
+    return out

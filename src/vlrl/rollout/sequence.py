@@ -1,0 +1,161 @@
+"""Token sequences with images: what the engine samples from and the policy trains on.
+
+A multi-turn episode is ONE growing token sequence: the prompt, then alternately the model's
+response (loss mask 1) and the environment's next observation (loss mask 0). Token ids are the
+source of truth: the response is never re-tokenized from text, so what the policy is trained on
+is exactly what the engine sampled.
+
+`ChatFormat` turns messages into token pieces with the model's own chat template. It renders the
+template twice (with and without the next message) and keeps the difference, so the pieces are
+right for any template that only appends as a conversation grows (Qwen's does), and it checks that
+property instead of assuming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+from vlrl.envs.base import Observation
+from vlrl.errors import VlrlError
+
+_PLACEHOLDER = "\x00VLRL_RESPONSE\x00"
+
+
+@dataclass
+class MultimodalSequence:
+    """One conversation as tokens, with the processed images in order of appearance."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)  # 1 = sampled by the policy
+    logprobs: list[float] = field(default_factory=list)  # sampling log-prob where loss_mask is 1, else 0
+    mm_token_type_ids: list[int] = field(default_factory=list)  # 1 on image placeholder tokens
+    images: list[Image.Image] = field(default_factory=list)
+    pixel_values: list[torch.Tensor] = field(default_factory=list)  # per image: [patches, dim]
+    image_grid_thw: list[torch.Tensor] = field(default_factory=list)  # per image: [3]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def extend(self, piece: "MultimodalSequence") -> None:
+        self.token_ids += piece.token_ids
+        self.loss_mask += piece.loss_mask
+        self.logprobs += piece.logprobs
+        self.mm_token_type_ids += piece.mm_token_type_ids
+        self.images += piece.images
+        self.pixel_values += piece.pixel_values
+        self.image_grid_thw += piece.image_grid_thw
+
+    def append_sampled(self, token_ids: list[int], logprobs: list[float]) -> None:
+        """Append tokens the policy generated (they carry loss and their sampling log-probs)."""
+        self.token_ids += token_ids
+        self.loss_mask += [1] * len(token_ids)
+        self.logprobs += list(logprobs)
+        self.mm_token_type_ids += [0] * len(token_ids)
+
+    def copy(self) -> "MultimodalSequence":
+        return MultimodalSequence(
+            list(self.token_ids), list(self.loss_mask), list(self.logprobs), list(self.mm_token_type_ids),
+            list(self.images), list(self.pixel_values), list(self.image_grid_thw),
+        )
+
+
+class ChatFormat:
+    """Builds token pieces of a conversation with a processor's chat template and image processor."""
+
+    def __init__(self, processor: Any):
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.eos_id: int = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if self.eos_id is None or self.eos_id == self.tokenizer.unk_token_id:
+            self.eos_id = self.tokenizer.eos_token_id
+
+    # -- text of the template -----------------------------------------------------------
+    @staticmethod
+    def _message(role: str, obs: Observation | None = None, text: str | None = None) -> dict[str, Any]:
+        if obs is None:
+            return {"role": role, "content": [{"type": "text", "text": text or ""}]}
+        content = [{"type": "image"} for _ in obs.images] + [{"type": "text", "text": obs.text}]
+        return {"role": role, "content": content}
+
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def _encode(self, text: str, images: list[Image.Image]) -> MultimodalSequence:
+        if images:
+            out = self.processor(text=[text], images=images, return_tensors="pt")
+            grids = list(out["image_grid_thw"])
+            # pixel_values is one [sum(patches), dim] tensor; split it back per image.
+            sizes = [int(g.prod()) for g in grids]
+            pixels = list(torch.split(out["pixel_values"], sizes, dim=0))
+            mm = out.get("mm_token_type_ids")
+            ids = out["input_ids"][0].tolist()
+            mm_ids = mm[0].tolist() if mm is not None else [0] * len(ids)
+        else:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            grids, pixels, mm_ids = [], [], [0] * len(ids)
+        return MultimodalSequence(
+            token_ids=ids, loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids), mm_token_type_ids=mm_ids,
+            images=list(images), pixel_values=pixels, image_grid_thw=grids,
+        )
+
+    # -- pieces -------------------------------------------------------------------------
+    def prompt(self, system_prompt: str, obs: Observation) -> MultimodalSequence:
+        """System message + first user observation + the assistant header, ready to sample."""
+        messages = []
+        if system_prompt:
+            messages.append(self._message("system", text=system_prompt))
+        messages.append(self._message("user", obs))
+        return self._encode(self._render(messages, True), obs.images)
+
+    def observation_piece(self, obs: Observation, response_ended: bool) -> MultimodalSequence:
+        """Tokens that close the model's turn, add the next user observation and open a new turn.
+
+        `response_ended` says whether the sampled response already ended with the end-of-turn
+        token; when it was cut by the token budget the end-of-turn token is added here, as an
+        environment token (loss mask 0).
+        """
+        before = [self._message("user", text="x")]
+        after = before + [self._message("assistant", text=_PLACEHOLDER), self._message("user", obs)]
+        head = self._render(before, True)
+        full = self._render(after, True)
+        if not full.startswith(head + _PLACEHOLDER):
+            raise VlrlError("the model's chat template rewrites earlier turns; multi-turn token sequences need an append-only template")
+        suffix = full[len(head) + len(_PLACEHOLDER) :]
+        piece = self._encode(suffix, obs.images)
+        if response_ended and piece.token_ids and piece.token_ids[0] == self.eos_id:
+            for name in ("token_ids", "loss_mask", "logprobs", "mm_token_type_ids"):
+                del getattr(piece, name)[0]
+        return piece
+
+
+def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right") -> dict[str, torch.Tensor]:
+    """Pad sequences into one batch of model inputs (plus loss mask and sampling log-probs).
+
+    Images are concatenated in batch order, which is the order the model matches image
+    placeholder tokens to image features.
+    """
+    longest = max(len(s) for s in sequences)
+    batch = len(sequences)
+    ids = torch.full((batch, longest), pad_id, dtype=torch.long)
+    attn = torch.zeros((batch, longest), dtype=torch.long)
+    mask = torch.zeros((batch, longest), dtype=torch.float32)
+    logp = torch.zeros((batch, longest), dtype=torch.float32)
+    mm = torch.zeros((batch, longest), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        n = len(s)
+        sl = slice(0, n) if side == "right" else slice(longest - n, longest)
+        ids[i, sl] = torch.tensor(s.token_ids, dtype=torch.long)
+        attn[i, sl] = 1
+        mask[i, sl] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        logp[i, sl] = torch.tensor(s.logprobs, dtype=torch.float32)
+        mm[i, sl] = torch.tensor(s.mm_token_type_ids, dtype=torch.long)
+    out = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask, "sample_logprobs": logp, "mm_token_type_ids": mm}
+    pixels = [p for s in sequences for p in s.pixel_values]
+    if pixels:
+        out["pixel_values"] = torch.cat(pixels, dim=0)
+        out["image_grid_thw"] = torch.stack([g for s in sequences for g in s.image_grid_thw])
+    return out

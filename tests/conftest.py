@@ -1,0 +1,33 @@
+"""Fixtures shared across test folders: one tiny "ci" model per session and configs using it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ci_model_dir(tmp_path_factory) -> Path:
+    """The ~0.9M-parameter tiny model, built offline once per test session (treat as read-only)."""
+    from vlrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("ci-model") / "tiny-ci", size="ci", seed=0)
+
+
+@pytest.fixture
+def ci_config(ci_model_dir, tmp_path):
+    """`ci_config(*overrides)`: configs/ci-tiny.yaml on the session model, writing under tmp_path.
+
+    The in-process backend is the default here (fast, no Ray start); tests of the Ray runtime
+    override `runtime.backend=ray`.
+    """
+    from vlrl.config import load_config
+
+    def make(*overrides: str):
+        base = [f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}", "runtime.backend=local"]
+        return load_config(ROOT / "configs" / "ci-tiny.yaml", base + list(overrides))
+
+    return make
