@@ -233,13 +233,34 @@ class TrainConfig(Section):
 
 
 class RuntimeConfig(Section):
-    address: str | None = Field(None, description="Ray address to join; None starts a local Ray instance.")
-    num_workers: int = Field(1, ge=1, description="Worker actors, one per device (GPU, or CPU slot without GPUs).")
+    backend: Literal["ray", "local"] = Field(
+        "ray",
+        description=(
+            "`ray`: workers are Ray actors in a placement group (a local Ray instance is started when no "
+            "address is given); `local`: one in-process worker, no Ray (unit tests, notebooks)."
+        ),
+    )
+    address: str | None = Field(
+        None, description="Ray cluster to join (host:port of the GCS, ray://host:10001, or auto); None: RAY_ADDRESS, else a local instance."
+    )
+    num_workers: int = Field(1, ge=1, description="Worker actors, one per device (GPU, or CPU slot without GPUs); >1 shards the policy with FSDP2.")
     use_gpu: bool = Field(False, description="One GPU per worker; False runs workers on CPU slots.")
     cpus_per_worker: int = Field(1, ge=1, description="CPU cores reserved for each worker.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement group strategy; STRICT_SPREAD puts each worker on its own node."
+    )
     placement_timeout_s: float = Field(120.0, gt=0, description="Give up with an error if the placement group is not ready by then.")
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker (None: torch's default).")
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="torch.distributed timeout: a collective waiting longer (a dead peer) fails instead of hanging."
+    )
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker (None: torch's default; Ray sets cpus_per_worker).")
     object_store_memory_mb: int = Field(300, ge=64, description="Object store of a local Ray instance, in MiB.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RuntimeConfig":
+        if self.backend == "local" and self.num_workers > 1:
+            raise ValueError(f"num_workers = {self.num_workers} needs backend 'ray' (the local backend runs one in-process worker)")
+        return self
 
 
 class StorageConfig(Section):

@@ -95,6 +95,8 @@ def parse_plan(text: str) -> list[str] | None:
 class _MazeEpisode:
     """State and bookkeeping shared by both maze envs: reset, metrics, trace, replay."""
 
+    maze_tasks = True  # subclasses (variants with other rewards) read the same maze tasks
+
     name = "maze"
     system_prompt = SYSTEM_PROMPT
 

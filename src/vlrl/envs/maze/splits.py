@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Any, overload
 
 from vlrl.config import EnvConfig
-from vlrl.envs.base import Task, overlapping_tasks  # noqa: F401  (re-exported: content-hash overlap check)
+from vlrl.envs.base import Task, env_class, overlapping_tasks  # noqa: F401  (re-exported: content-hash overlap check)
 from vlrl.envs.maze.maze import GENERATOR_VERSION, MAX_SIZE, MIN_SIZE, Maze, check_size, generate_maze
 from vlrl.envs.maze.render import THEMES
 from vlrl.errors import VlrlError
@@ -117,7 +117,7 @@ def make_task(config: EnvConfig, split: str, index: int) -> Task:
 @lru_cache(maxsize=4096)
 def maze_for_task(task: Task) -> Maze:
     """The maze of a task (memoised: the G episodes of a group share it)."""
-    if task.env not in MAZE_ENVS:
+    if task.env not in MAZE_ENVS and not getattr(env_class(task.env), "maze_tasks", False):
         raise VlrlError(f"task {task.task_id} is for env '{task.env}', not a maze")
     needed = {"size", "placement", "min_distance", "theme", "transform", "attempt"}
     missing = needed - set(task.params)

@@ -1,0 +1,102 @@
+"""Evaluation: play one episode per task with a model (greedy or sampled) and summarise.
+
+The summary is what the protocol compares models on: success rate with a Wilson 95% interval,
+turns taken against the oracle's optimum, invalid-action rate, success per maze size. Every
+episode's trace (maze JSON, actions, rewards) is kept so results can be re-verified offline.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from vlrl.config import RunConfig
+from vlrl.envs.base import Task
+from vlrl.eval.stats import Proportion
+from vlrl.rollout.engine import RolloutEngine, SamplingParams
+from vlrl.rollout.episodes import Episode, run_episodes
+from vlrl.rollout.sequence import ChatFormat
+
+
+@dataclass
+class EvalResult:
+    label: str
+    split: str
+    decoding: str
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # metrics + size per episode
+    traces: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def success(self) -> Proportion:
+        return Proportion(sum(int(e["success"] > 0) for e in self.episodes), len(self.episodes))
+
+    def summary(self) -> dict[str, Any]:
+        n = max(1, len(self.episodes))
+        won = [e for e in self.episodes if e["success"] > 0]
+        turns = sum(e.get("turns", 0.0) for e in self.episodes)
+        p = self.success
+        lo, hi = p.interval
+        by_size: dict[str, list[int]] = {}
+        for e in self.episodes:
+            by_size.setdefault(str(e["size"]), []).append(int(e["success"] > 0))
+        return {
+            "label": self.label,
+            "split": self.split,
+            "decoding": self.decoding,
+            "n": len(self.episodes),
+            "success_rate": p.rate,
+            "success_low": lo,
+            "success_high": hi,
+            "mean_turns": turns / n,
+            "mean_turns_success": sum(e.get("turns", 0.0) for e in won) / len(won) if won else float("nan"),
+            "mean_optimal_turns_success": sum(e.get("optimal_turns", 0.0) for e in won) / len(won) if won else float("nan"),
+            "invalid_rate": sum(e.get("invalid_actions", 0.0) for e in self.episodes) / max(1.0, turns),
+            "success_by_size": {k: sum(v) / len(v) for k, v in sorted(by_size.items(), key=lambda kv: int(kv[0]))},
+        }
+
+    def as_metrics(self, prefix: str) -> dict[str, float]:
+        s = self.summary()
+        return {f"{prefix}/{k}": float(v) for k, v in s.items() if isinstance(v, (int, float))}
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write summary.json and traces.jsonl (one episode trace per line)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(self.summary(), indent=1))
+        with (out / "traces.jsonl").open("w") as f:
+            for t in self.traces:
+                f.write(json.dumps(t) + "\n")
+        return out
+
+
+def result_from_episodes(episodes: list[Episode], label: str, split: str, decoding: str) -> EvalResult:
+    rows = [{**e.metrics, "size": e.task.params.get("size") if isinstance(e.task.params, dict) else dict(e.task.params).get("size"), "task_id": e.task.task_id} for e in episodes]
+    return EvalResult(label, split, decoding, rows, [e.trace for e in episodes])
+
+
+def evaluate_engine(
+    engine: RolloutEngine, chat: ChatFormat, config: RunConfig, tasks: list[Task], *, greedy: bool, label: str, seed: int = 0
+) -> EvalResult:
+    """One episode per task; greedy decoding, or sampling at the rollout temperature."""
+    r = config.rollout
+    params = SamplingParams(temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+    episodes = run_episodes(engine, chat, config.env, tasks, 1, params, r.max_model_len)
+    split = tasks[0].split if tasks else "?"
+    return result_from_episodes(episodes, label, split, "greedy" if greedy else f"sampled T={r.temperature}")
+
+
+def results_table(results: list[EvalResult], title: str = "evaluation") -> Table:
+    """Models side by side: success with its 95% interval, turns against the optimum, invalid rate."""
+    table = Table(title=title)
+    for col in ("model", "split", "decoding", "n", "success [95% CI]", "turns (won) / optimal", "invalid", "by size"):
+        table.add_column(col)
+    for r in results:
+        s = r.summary()
+        turns = "-" if s["mean_turns_success"] != s["mean_turns_success"] else f"{s['mean_turns_success']:.2f} / {s['mean_optimal_turns_success']:.2f}"
+        sizes = " ".join(f"{k}:{v:.0%}" for k, v in s["success_by_size"].items())
+        table.add_row(r.label, r.split, r.decoding, str(s["n"]), r.success.format(), turns, f"{s['invalid_rate']:.1%}", sizes)
+    return table

@@ -1,0 +1,278 @@
+"""The trainable policy: a LoRA-wrapped model, its optimizer and the GRPO update.
+
+`Policy.update` is one GRPO update on a batch of episodes with their advantages:
+
+    old log-probs   <- the policy before the update (no grad), per micro-batch
+    ref log-probs   <- the same model with the LoRA adapter disabled (only when kl_coef > 0)
+    for each epoch, for each mini-batch (one optimizer step):
+        for each micro-batch: loss = grpo_loss(...) * (its share of the mini-batch); backward
+        clip the gradient norm; AdamW step; learning-rate schedule step
+
+Log-probs are of `sequence[t+1]` given `sequence[:t+1]`; only tokens the policy sampled
+(loss mask 1) count, never prompt or environment tokens.
+
+Data parallel (W workers, FSDP2): `make_update_plans` shuffles and cuts the mini-batches exactly
+as one worker would, then gives each worker a contiguous share of every mini-batch. Each
+micro-batch's loss is weighted by its share of the WHOLE mini-batch (global token or sequence
+count) and by W, which undoes FSDP's gradient averaging, so the reduced gradient is the sum one
+worker would have accumulated. FSDP collectives need every worker to run the same number of
+forward/backward passes: workers with fewer micro-batches run zero-weight passes, and the
+old/reference scoring is padded the same way. Stats are partial sums per optimizer step that
+`combine_update_stats` adds up across workers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlrl.algo.grpo import entropy_from_logits, grpo_loss
+from vlrl.config import AlgoConfig, RunConfig
+from vlrl.rollout.episodes import Episode
+from vlrl.rollout.hf_engine import sampling_logprobs
+from vlrl.rollout.sequence import MultimodalSequence, collate
+
+
+def lr_lambda(config: RunConfig, total_steps: int):
+    """Linear warm-up, then constant, cosine or linear decay to zero, in optimizer steps."""
+    warmup, kind = config.train.warmup_steps, config.train.lr_schedule
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
+
+    return factor
+
+
+def loss_units(sequence: MultimodalSequence) -> int:
+    """Tokens of a sequence that carry loss (those the policy sampled, after the first token)."""
+    return sum(sequence.loss_mask[1:])
+
+
+def split_evenly(items: list, parts: int) -> list[list]:
+    """`parts` contiguous chunks whose sizes differ by at most one (the first ones larger)."""
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + size + (1 if p < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+@dataclass
+class UpdatePlan:
+    """What one worker does in one GRPO update; every worker's plan has the same shape."""
+
+    indices: list[int]  # positions (in the step's episode list) of the episodes this worker holds, ascending
+    score_passes: int  # forward passes for old (and reference) log-probs, equal on every worker
+    steps: list[list[list[int]]]  # per optimizer step: micro-batches of positions; [] is a zero-weight pass
+    denominators: list[int]  # per optimizer step: the loss normaliser over the whole mini-batch
+    world_size: int = 1
+
+
+def make_update_plans(sizes: list[int], seed: int, algo: AlgoConfig, world_size: int = 1) -> list[UpdatePlan]:
+    """Plans for `world_size` workers from the loss units of each episode (`loss_units`).
+
+    The shuffle and the mini-batches are those of one worker (same `random.Random(seed)`), so
+    the update does not depend on the number of workers. With ppo_epochs > 1 a worker holds the
+    union of its shares over the epochs (and scores all of them), so workers hold more than 1/W
+    of the episodes.
+    """
+    by_tokens = algo.loss_agg == "token_mean" and algo.ratio_level == "token"
+    rng = random.Random(seed)
+    steps: list[list[list[list[int]]]] = [[] for _ in range(world_size)]
+    held: list[set[int]] = [set() for _ in range(world_size)]
+    denominators: list[int] = []
+    for _ in range(algo.ppo_epochs):
+        order = list(range(len(sizes)))
+        rng.shuffle(order)
+        for m in range(0, len(order), algo.mini_batch_size):
+            mini = order[m : m + algo.mini_batch_size]
+            denominators.append(sum(sizes[i] for i in mini) if by_tokens else sum(1 for i in mini if sizes[i] > 0))
+            shares = split_evenly(mini, world_size)
+            micros = [[share[k : k + algo.micro_batch_size] for k in range(0, len(share), algo.micro_batch_size)] for share in shares]
+            passes = max(len(m_) for m_ in micros)
+            for rank, (share, micro) in enumerate(zip(shares, micros)):
+                steps[rank].append(micro + [[] for _ in range(passes - len(micro))])
+                held[rank].update(share)
+    # A worker with no episode still needs one to run its zero-weight passes through the model.
+    indices = [sorted(h) if h else [0] for h in held]
+    score_passes = max(-(-len(ix) // algo.micro_batch_size) for ix in indices)
+    return [UpdatePlan(ix, score_passes, st, denominators, world_size) for ix, st in zip(indices, steps)]
+
+
+def combine_update_stats(partials: list[list[dict[str, float]]]) -> dict[str, float]:
+    """Per-worker, per-step partial stats (`Policy.run_plan`) -> the update's mean stats.
+
+    Loss-like stats are sums of share-weighted micro-batch values, so they add up across
+    workers; grad_norm and lr are global and the same on every worker (rank 0's is kept).
+    """
+    totals: dict[str, float] = {}
+    steps = len(partials[0]) if partials else 0
+    for s in range(steps):
+        merged: dict[str, float] = {}
+        for rank, per_step in enumerate(partials):
+            for k, v in per_step[s].items():
+                if k in ("grad_norm", "lr"):
+                    if rank == 0:
+                        merged[k] = v
+                else:
+                    merged[k] = merged.get(k, 0.0) + v
+        for k, v in merged.items():
+            totals[k] = totals.get(k, 0.0) + v
+    return {k: v / max(1, steps) for k, v in totals.items()}
+
+
+class Policy:
+    def __init__(self, model: Any, config: RunConfig, suppress_token_ids: list[int], pad_token_id: int, total_optimizer_steps: int,
+                 world_size: int = 1):
+        self.model = model
+        self.world_size = world_size
+        self.config = config
+        self.suppress = list(suppress_token_ids)
+        self.pad_id = pad_token_id
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        t = config.train
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config, total_optimizer_steps))
+        self.device = next(model.parameters()).device
+
+    # -- scoring -------------------------------------------------------------------------
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+        inputs = {k: batch[k].to(self.device) for k in keys if k in batch}
+        return self.model(**inputs, use_cache=False).logits
+
+    def score(self, sequences: list[MultimodalSequence], with_adapter: bool = True, entropy: bool = False):
+        """Log-probs (and optionally entropies) of every next token; [B, T-1] tensors plus the batch."""
+        batch = collate(sequences, self.pad_id, side="right")
+        if with_adapter:
+            logits = self._forward(batch)
+        else:
+            with self.model.disable_adapter():
+                logits = self._forward(batch)
+        logits = logits[:, :-1]
+        targets = batch["input_ids"][:, 1:].to(logits.device)
+        logp = sampling_logprobs(logits, targets, self.config.rollout.temperature, self.suppress)
+        ent = entropy_from_logits(logits.float() / self.config.rollout.temperature) if entropy else None
+        return logp, ent, batch
+
+    @torch.no_grad()
+    def score_no_grad(
+        self, sequences: list[MultimodalSequence], with_adapter: bool = True, passes: int | None = None
+    ) -> list[torch.Tensor]:
+        """Per-sequence log-prob vectors (length len-1), micro-batch by micro-batch.
+
+        `passes` (sharded policy): run forward passes up to this many, the extra ones on the first
+        sequence with their output dropped, so every worker enters the same collectives.
+        """
+        out: list[torch.Tensor] = []
+        mb = self.config.algo.micro_batch_size
+        was = self.model.training
+        self.model.eval()
+        for s in range(0, len(sequences), mb):
+            chunk = sequences[s : s + mb]
+            logp, _, _ = self.score(chunk, with_adapter=with_adapter)
+            out += [logp[i, : len(seq) - 1].cpu() for i, seq in enumerate(chunk)]
+        for _ in range((passes or 0) - -(-len(sequences) // mb)):
+            self.score(sequences[:1], with_adapter=with_adapter)
+        self.model.train(was)
+        return out
+
+    # -- update --------------------------------------------------------------------------
+    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> dict[str, float]:
+        """One GRPO update (ppo_epochs x mini-batches) on these episodes; returns mean stats."""
+        plan = make_update_plans([loss_units(e.sequence) for e in episodes], seed, self.config.algo, 1)[0]
+        return combine_update_stats([self.run_plan(episodes, advantages, plan)])
+
+    def run_plan(self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan) -> list[dict[str, float]]:
+        """This worker's part of an update: `episodes`/`advantages` are those at `plan.indices`.
+
+        Returns per optimizer step the partial stats to add up across workers.
+        """
+        if len(episodes) != len(plan.indices) or len(advantages) != len(plan.indices):
+            raise ValueError(f"the plan holds {len(plan.indices)} episodes, got {len(episodes)} episodes and {len(advantages)} advantages")
+        at = {g: k for k, g in enumerate(plan.indices)}
+        seqs = [e.sequence for e in episodes]
+        old = self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
+        ref = self.score_no_grad(seqs, with_adapter=False, passes=plan.score_passes) if self.config.algo.kl_coef > 0 else None
+        self.model.train()
+        out = []
+        for micro_batches, denom in zip(plan.steps, plan.denominators):
+            local = [[at[i] for i in micro] for micro in micro_batches]
+            out.append(self._optimizer_step(local, seqs, advantages, old, ref, denom))
+        return out
+
+    def _optimizer_step(self, micro_batches, seqs, advantages, old, ref, denom) -> dict[str, float]:
+        """One optimizer step over this worker's micro-batches (local positions; [] = zero-weight pass)."""
+        from vlrl.runtime.distributed import to_float
+
+        a = self.config.algo
+        by_tokens = a.loss_agg == "token_mean" and a.ratio_level == "token"
+        self.optimizer.zero_grad(set_to_none=True)
+        acc: dict[str, float] = {}
+        for micro in micro_batches:
+            if not micro:
+                self._zero_weight_pass(seqs[0])
+                continue
+            sizes = [loss_units(seqs[i]) for i in micro]
+            share = (sum(sizes) if by_tokens else sum(1 for n in sizes if n > 0)) / max(1, denom)
+            if share == 0:
+                if self.world_size == 1:
+                    continue
+                self._zero_weight_pass(seqs[micro[0]])
+                continue
+            logp, ent, batch = self.score([seqs[i] for i in micro], entropy=True)
+            mask = batch["loss_mask"][:, 1:].to(logp.device)
+            # Prompt positions hold image tokens, which are suppressed (log-prob -inf). They are
+            # masked out of the loss, but the k3 KL's exp(-inf - -inf) would still put NaN into
+            # the gradient (0 * NaN), so they are zeroed here.
+            logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
+            old_b = _pad_stack([old[i] for i in micro], logp.shape[1], logp.device)
+            ref_b = _pad_stack([ref[i] for i in micro], logp.shape[1], logp.device) if ref is not None else None
+            adv = torch.tensor([advantages[i] for i in micro], dtype=torch.float32, device=logp.device)
+            loss, stats = grpo_loss(
+                logp, old_b, ref_b, adv, mask,
+                eps_low=a.eps_low, eps_high=a.eps_high, ratio_level=a.ratio_level, agg=a.loss_agg,
+                kl_coef=a.kl_coef, max_tokens=self.config.rollout.max_new_tokens,
+            )
+            # x world_size: FSDP averages gradients over workers; we want their sum.
+            (loss * (share * self.world_size)).backward()
+            n_tok = mask.sum().clamp(min=1)
+            extra = {"loss": float(loss.detach()), "entropy": float((ent.detach() * mask).sum() / n_tok)}
+            for k, v in {**{k: float(v) for k, v in stats.items()}, **extra}.items():
+                acc[k] = acc.get(k, 0.0) + v * share
+        if denom == 0:
+            # Nothing to learn from: as on one worker, no gradient at all (zero-weight passes left zeros).
+            self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
+        acc["grad_norm"] = to_float(grad_norm)
+        acc["lr"] = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        return acc
+
+    def _zero_weight_pass(self, sequence: MultimodalSequence) -> None:
+        """Forward and backward through the whole model with zero gradient (keeps FSDP collectives in step).
+
+        Raw logits, not log-probs: a prompt's image tokens are suppressed tokens with log-prob
+        -inf, and 0 * inf would put NaN into the gradients.
+        """
+        logits = self._forward(collate([sequence], self.pad_id, side="right"))
+        (logits.float().mean() * 0.0).backward()
+
+
+def _pad_stack(rows: list[torch.Tensor], length: int, device) -> torch.Tensor:
+    out = torch.zeros((len(rows), length), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out.to(device)

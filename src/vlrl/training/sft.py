@@ -1,0 +1,134 @@
+"""SFT warm start: behaviour cloning of the environment's oracle, multi-turn, with LoRA.
+
+Transcripts are played by the oracle (`env.oracle_response()`) on training tasks. With
+`train.sft.noise > 0` a share of turns takes a random action instead, so transcripts also show
+how to recover from a bump; those random turns carry no loss (the model must not clone them).
+The loss is the mean negative log-likelihood of the oracle's response tokens.
+
+It gives the tiny demo model the weak starting competence a pretrained model would have, and it
+is the SFT baseline that evaluation compares GRPO against.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from vlrl.config import RunConfig
+from vlrl.envs.base import Task, build_split, make_env
+from vlrl.rollout.hf_engine import sampling_logprobs
+from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
+
+RANDOM_ACTIONS = ("up", "down", "left", "right")
+
+
+def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: random.Random) -> MultimodalSequence:
+    """One oracle-played episode as a token sequence; oracle turns have loss mask 1."""
+    env = make_env(config.env)
+    seq = chat.prompt(env.system_prompt, env.reset(task))
+    tok = chat.tokenizer
+    for _ in range(config.env.max_turns):
+        noisy = config.train.sft.noise > 0 and rng.random() < config.train.sft.noise
+        text = f"<action>{rng.choice(RANDOM_ACTIONS)}</action>" if noisy else env.oracle_response()
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [chat.eos_id]
+        if noisy:
+            seq.extend(MultimodalSequence(ids, [0] * len(ids), [0.0] * len(ids), [0] * len(ids)))
+        else:
+            seq.append_sampled(ids, [0.0] * len(ids))
+        result = env.step(text)
+        if result.done:
+            break
+        seq.extend(chat.observation_piece(result.observation, response_ended=True))
+    return seq
+
+
+def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torch.Tensor:
+    """Mean NLL of the masked tokens, with the same vision-token suppression as sampling."""
+    keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+    logits = model(**{k: batch[k] for k in keys if k in batch}, use_cache=False).logits[:, :-1]
+    logp = sampling_logprobs(logits, batch["input_ids"][:, 1:], 1.0, suppress)
+    mask = batch["loss_mask"][:, 1:]
+    # Prompt positions may hold suppressed vision tokens (log-prob -inf): select, don't multiply.
+    return -torch.where(mask > 0, logp, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str) -> Path:
+    """Write a fully fine-tuned model as a new base: weights + config, the base's tokenizer and
+    processor files, and `vlrl_sft.json` naming the model it was trained from."""
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in base_dir.iterdir():
+        if f.is_file() and not (f.suffix == ".safetensors" or f.name in ("config.json", "model.safetensors.index.json")):
+            shutil.copy2(f, tmp / f.name)
+    model.save_pretrained(str(tmp))
+    (tmp / "vlrl_sft.json").write_text(json.dumps({"trained_from": str(base_dir), "base_fingerprint": base_fingerprint}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int, float], None] | None = None) -> Path:
+    """Behaviour-clone the oracle; writes a LoRA adapter (mode lora) or a whole model (mode full)."""
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.models.loading import load_policy_model, vision_special_token_ids
+    from vlrl.models.lora import apply_lora, save_adapter
+    from vlrl.models.processor import load_processor
+    from vlrl.training.seeding import seed_everything
+    from vlrl.training.worker import ensure_model
+
+    s = config.train.sft
+    seed_everything(config.train.seed)
+    if config.runtime.torch_threads:
+        torch.set_num_threads(config.runtime.torch_threads)
+    model_dir = ensure_model(config)
+    processor = load_processor(model_dir)
+    chat = ChatFormat(processor)
+    model = load_policy_model(model_dir, dtype=config.model.dtype)
+    if s.mode == "lora":
+        lo = config.model.lora
+        model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, lo.include_vision)
+    suppress = vision_special_token_ids(processor)
+    pad = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else chat.eos_id
+
+    rng = random.Random(config.train.seed)
+    split = build_split(config.env, "train")
+    # SFT reads the END of the training split so that GRPO (which starts at its shuffled
+    # beginning) mostly sees mazes the warm start did not.
+    tasks = [split[len(split) - 1 - i] for i in range(min(s.episodes, len(split)))]
+    transcripts = [oracle_transcript(config, chat, t, rng) for t in tasks]
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s.lr)
+    total = s.epochs * -(-len(transcripts) // s.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(1, total))
+    model.train()
+    history, step = [], 0
+    for epoch in range(s.epochs):
+        order = list(range(len(transcripts)))
+        rng.shuffle(order)
+        for b in range(0, len(order), s.batch_size):
+            batch = collate([transcripts[i] for i in order[b : b + s.batch_size]], pad, side="right")
+            loss = sft_loss(model, batch, suppress)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm)
+            opt.step()
+            sched.step()
+            step += 1
+            history.append({"step": step, "epoch": epoch, "loss": float(loss.detach())})
+            if progress:
+                progress(step, total, float(loss.detach()))
+    fingerprint = model_fingerprint(model_dir)
+    if s.mode == "full":
+        out = save_full_model(model, Path(model_dir), out_dir, fingerprint)
+    else:
+        out = Path(save_adapter(model, out_dir, fingerprint))
+    (out / "sft_history.json").write_text(json.dumps(history))
+    return out

@@ -1,0 +1,205 @@
+"""A worker: the policy and its rollout engine on one device.
+
+The trainer talks to workers only through the methods below (rollout, update, adapter sync,
+state), so the same loop drives one in-process worker or a group of Ray actors
+(`vlrl.runtime.worker_group.RayWorkerGroup`, one `Worker` per actor).
+
+One worker (`world_size == 1`): the engine shares the policy's module, so the adapter it samples
+with is the one just trained and a sync only bumps the version.
+
+W workers: each holds an FSDP2 shard of the policy (`vlrl.runtime.distributed`) and an engine
+with its OWN full copy of the base model and LoRA adapter (generation on a sharded model would
+all-gather every layer for every token). `sync_adapter` gathers the full adapter from the shards
+(LoRA weights only, in memory) and loads it into the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlrl.config import RunConfig
+from vlrl.envs.base import Task
+from vlrl.errors import VlrlError
+from vlrl.rollout.engine import RolloutEngine, SamplingParams, resolve_engine_name
+from vlrl.rollout.episodes import Episode, RolloutStats, run_episodes
+from vlrl.rollout.hf_engine import TransformersEngine
+from vlrl.rollout.sequence import ChatFormat
+from vlrl.runtime import distributed
+from vlrl.training.policy import Policy, UpdatePlan
+from vlrl.training.seeding import seed_everything
+
+
+def ensure_model(config: RunConfig) -> Path:
+    """The base model directory, built offline first when `model.init_tiny` asks for it."""
+    path = Path(config.model.path)
+    if not path.exists() and config.model.init_tiny:
+        from vlrl.models.tiny import build_tiny_model
+
+        build_tiny_model(path, size=config.model.init_tiny, seed=0)
+    return path
+
+
+def sampling_params(config: RunConfig, greedy: bool = False, seed: int | None = None) -> SamplingParams:
+    """Sampling of training rollouts (or greedy decoding) from the run's config."""
+    r = config.rollout
+    return SamplingParams(temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+
+
+def worker_device(config: RunConfig) -> torch.device:
+    """The device this worker trains and samples on: its GPU with `runtime.use_gpu`, else the CPU."""
+    if not config.runtime.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise VlrlError(
+            f"runtime.use_gpu is true but this worker sees no CUDA device (CUDA_VISIBLE_DEVICES={visible}); "
+            "set runtime.use_gpu=false"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Worker:
+    """Holds a LoRA policy (trainable, FSDP-sharded across workers) and a rollout engine that samples from it."""
+
+    def __init__(self, config: RunConfig, total_optimizer_steps: int, adapter_dir: str | None = None, *,
+                 rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None):
+        from vlrl.models.loading import vision_special_token_ids
+        from vlrl.models.processor import load_processor
+
+        self.config = config
+        self.rank, self.world_size = rank, world_size
+        self.adapter_dir = adapter_dir
+        if config.runtime.torch_threads:
+            torch.set_num_threads(config.runtime.torch_threads)
+        self.device = worker_device(config)
+        if world_size > 1:
+            if master_port is None:
+                raise ValueError("a worker of a group needs the rendezvous port of rank 0 (master_port)")
+            distributed.init_process_group(rank, world_size, master_addr, master_port, self.device, config.runtime.collective_timeout_s)
+        seed_everything(config.train.seed)
+        model_dir = ensure_model(config)
+        self.model_dir = model_dir
+        self.processor = load_processor(model_dir)
+        self.chat = ChatFormat(self.processor)
+        self.model = self._lora_model(trainable=True)
+        if world_size > 1:
+            distributed.shard_policy(self.model, self.device)
+        else:
+            self.model.to(self.device)
+        tok = self.processor.tokenizer
+        self.suppress = vision_special_token_ids(self.processor)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.chat.eos_id
+        self.policy = Policy(self.model, config, self.suppress, self.pad_id, total_optimizer_steps, world_size=world_size)
+        self.engine = self._make_engine()
+        if world_size > 1:
+            self.sync_adapter(0)  # the engine's copy starts from the policy's adapter
+
+    def _lora_model(self, trainable: bool):
+        """The base model with the run's LoRA adapter: the starting adapter when given, else fresh."""
+        from vlrl.models.loading import load_policy_model
+        from vlrl.models.lora import apply_lora, load_adapter
+
+        c = self.config
+        base = load_policy_model(self.model_dir, dtype=c.model.dtype, attn_implementation=c.model.attn_implementation)
+        if self.adapter_dir:
+            # Continue from an existing adapter (e.g. the SFT warm start); its LoRA shape wins.
+            # The engine's copy skips the base check: the policy's load has just done it.
+            return load_adapter(base, self.adapter_dir, is_trainable=trainable, verify_base=trainable)
+        lo = c.model.lora
+        # The engine's copy must not draw from the global RNG (it would shift everything after it);
+        # its weights are overwritten by the first sync anyway.
+        seed = None if trainable else c.train.seed
+        return apply_lora(base, lo.rank, lo.alpha, lo.dropout, lo.target_modules, lo.include_vision, seed=seed)
+
+    def _make_engine(self) -> RolloutEngine:
+        name = resolve_engine_name(self.config.rollout.engine)
+        if name == "vllm":
+            raise VlrlError("the vLLM rollout engine is not available in this version; set rollout.engine=transformers")
+        shares = self.world_size == 1
+        model = self.model
+        if not shares:
+            model = self._lora_model(trainable=False).to(self.device).eval()
+            model.requires_grad_(False)
+        return TransformersEngine(
+            model, self.processor.tokenizer, self.suppress,
+            eos_token_id=self.chat.eos_id, pad_token_id=self.pad_id,
+            batch_size=self.config.rollout.batch_size, shares_policy=shares,
+        )
+
+    # -- the calls the trainer makes -------------------------------------------------------
+    def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
+        return sampling_params(self.config, greedy, seed)
+
+    def rollout(self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None) -> list[Episode]:
+        if not tasks:
+            return []
+        self.engine.wake_up()
+        return run_episodes(self.engine, self.chat, self.config.env, tasks, group_size, params, self.config.rollout.max_model_len, stats)
+
+    def evaluate(self, tasks: list[Task], greedy: bool, label: str, seed: int | None = None):
+        """One episode per task with the current adapter (an `EvalResult`)."""
+        from vlrl.eval.evaluate import evaluate_engine
+
+        self.engine.wake_up()
+        seed = self.config.train.seed if seed is None else seed
+        return evaluate_engine(self.engine, self.chat, self.config, tasks, greedy=greedy, label=label, seed=seed)
+
+    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> dict[str, float]:
+        """The whole update on this worker (one worker only; a group sends each worker its plan)."""
+        if self.world_size > 1:
+            raise VlrlError("a worker of a group updates through update_shard with its plan (RayWorkerGroup.update)")
+        self.engine.sleep()
+        return self.policy.update(episodes, advantages, seed)
+
+    def update_shard(self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan) -> list[dict[str, float]]:
+        """This worker's part of a data-parallel update; per-step partial stats (`combine_update_stats`)."""
+        self.engine.sleep()
+        return self.policy.run_plan(episodes, advantages, plan)
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The full adapter weights on CPU (every worker of a group must call it: it gathers shards)."""
+        return distributed.gather_adapter_state(self.model)
+
+    def sync_adapter(self, version: int) -> float:
+        """Hand the engine the adapter just trained; returns the seconds it took (gather + load)."""
+        start = time.perf_counter()
+        state = {} if getattr(self.engine, "shares_policy", False) else self.adapter_state()
+        self.engine.update_adapter(state, version)
+        return time.perf_counter() - start
+
+    def save_adapter(self, out_dir: str | os.PathLike) -> Path:
+        """Write the adapter directory (rank 0 writes; every worker of a group must call it)."""
+        from vlrl.models.fingerprint import model_fingerprint
+        from vlrl.models.lora import save_adapter
+
+        if self.world_size == 1:
+            return Path(save_adapter(self.model, out_dir, model_fingerprint(self.model_dir)))
+        state = self.adapter_state()
+        if self.rank != 0:
+            return Path(out_dir)
+        # The engine's copy is a plain PEFT model with the same adapter config: it writes the
+        # gathered weights (its own stay as they are).
+        return Path(save_adapter(self.engine.model, out_dir, model_fingerprint(self.model_dir), state_dict=state))
+
+    def training_state(self) -> dict[str, Any]:
+        """Optimizer (full, keyed by parameter name) and scheduler state; on a group, rank 0's is complete."""
+        return {
+            "optimizer": distributed.optimizer_state(self.model, self.policy.optimizer),
+            "scheduler": self.policy.scheduler.state_dict(),
+        }
+
+    def load_training_state(self, adapter: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """Restore adapter weights, optimizer and scheduler (from any number of workers)."""
+        distributed.load_adapter_state(self.model, adapter)
+        distributed.load_optimizer_state(self.model, self.policy.optimizer, state["optimizer"])
+        self.policy.scheduler.load_state_dict(state["scheduler"])
+
+    def close(self) -> None:
+        """Leave the process group (nothing to do for a lone worker)."""
+        if self.world_size > 1:
+            distributed.destroy_process_group()
