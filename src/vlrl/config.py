@@ -44,7 +44,7 @@ class ModelConfig(Section):
         "runs/models/tiny-ci",
         description="Local directory of a Qwen3-VL checkpoint (or one built by `vlrl model init-tiny`). Never downloaded.",
     )
-    init_tiny: Literal["ci", "demo"] | None = Field(
+    init_tiny: Literal["ci", "demo", "qwen3vl-2b-shape"] | None = Field(
         None,
         description="If set and `path` does not exist, build a random tiny model of this preset there first (offline).",
     )

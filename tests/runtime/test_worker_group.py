@@ -87,7 +87,7 @@ def test_unwritable_storage_root_names_the_worker_and_node(local_ray, ci_model_d
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")  # works as root too, unlike chmod
     cfg = _config(ci_model_dir, blocker / "runs")
-    with pytest.raises(VlrlError, match=r"storage root .* is not writable from worker 0 on node .*127\.0\.0\.1"):
+    with pytest.raises(VlrlError, match=r"storage root .* is not writable from worker 0 on node \S+ \([\d.]+\)"):
         RayWorkerGroup(cfg, total_optimizer_steps=1)
     assert _placement_groups_left() == 0 and _cpus_free_again()
 

@@ -14,8 +14,13 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoModelForImageTextToText, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from vlrl.errors import VlrlError
+
+# Tiny models load in milliseconds and big ones are loaded by every worker: transformers'
+# per-load progress bars would only flood logs and job output.
+hf_logging.disable_progress_bar()
 
 SUPPORTED_MODEL_TYPES = ("qwen3_vl", "qwen2_5_vl")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

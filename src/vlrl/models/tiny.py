@@ -7,8 +7,12 @@ text, so nothing is ever downloaded. The directory it writes loads with
 `AutoModelForImageTextToText.from_pretrained`, `load_processor` and vLLM like any Qwen3-VL
 checkpoint.
 
-Two presets (`TINY_SPECS`): "ci" (< 1M parameters, for tests) and "demo" (a few million, able
-to learn a small visual maze). The same preset and seed always give byte-identical weights.
+Presets (`TINY_SPECS`): "ci" (< 1M parameters, for tests), "demo" (a few million, able to
+learn a small visual maze) and "qwen3vl-2b-shape" (the layer shapes of Qwen3-VL-2B, ~1.7B
+parameters in bfloat16, for GPU throughput and memory runs). Every preset uses our small
+tokenizer, so the 2B shape has a ~1k-token vocabulary instead of Qwen's 151,936: its embedding
+and LM head are tiny (~4M instead of ~311M parameters) and it is not a drop-in for real weights.
+The same preset and seed always give byte-identical weights.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from vlrl.errors import VlrlError
 
-TinySize = Literal["ci", "demo"]
+TinySize = Literal["ci", "demo", "qwen3vl-2b-shape"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,11 @@ class TinySpec:
     image_min_pixels: int  # below this an image is upscaled
     image_max_pixels: int  # above this an image is downscaled
     tokenizer_vocab: int  # BPE vocabulary before the special/added tokens
+    # The defaults below keep the small presets' config.json (and fingerprints) as first released.
+    deepstack_indexes: tuple[int, ...] = (0,)  # vision layers whose features feed the LM's first layers
+    mrope_section: tuple[int, int, int] | None = None  # None: derived from head_dim (_mrope_section)
+    vision_position_embeddings: int = 256  # a perfect square: the learned position grid (16x16)
+    dtype: str = "float32"  # dtype of the saved weights
 
 
 TINY_SPECS: dict[str, TinySpec] = {
@@ -66,6 +75,16 @@ TINY_SPECS: dict[str, TinySpec] = {
         vision_depth=2, vision_hidden=128, vision_heads=4, vision_intermediate=512,
         patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
         tokenizer_vocab=1024,
+    ),
+    # Qwen3-VL-2B's layer shapes (~1.7B parameters) with our ~1k-token tokenizer, so the embedding
+    # and LM head are small. Random weights: for GPU memory and throughput runs, not for learning.
+    # Images of 32 px to 448 px per side keep a 225 px maze at 224 px = 7x7 merged tokens.
+    "qwen3vl-2b-shape": TinySpec(
+        text_hidden=2048, text_layers=28, text_heads=16, text_kv_heads=8, head_dim=128, text_intermediate=6144,
+        vision_depth=24, vision_hidden=1024, vision_heads=16, vision_intermediate=4096,
+        patch_size=16, spatial_merge=2, image_min_pixels=32 * 32, image_max_pixels=448 * 448,
+        tokenizer_vocab=1024, deepstack_indexes=(5, 11, 17), mrope_section=(24, 20, 20),
+        vision_position_embeddings=2304, dtype="bfloat16",
     ),
 }
 
@@ -240,7 +259,7 @@ def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Qwen3VLCo
                 "rope_type": "default",
                 "rope_theta": 5_000_000.0,
                 "mrope_interleaved": True,
-                "mrope_section": _mrope_section(spec.head_dim),
+                "mrope_section": list(spec.mrope_section or _mrope_section(spec.head_dim)),
             },
             "pad_token_id": ids[PAD_TOKEN],
         },
@@ -253,8 +272,8 @@ def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Qwen3VLCo
             "spatial_merge_size": spec.spatial_merge,
             "temporal_patch_size": 2,
             "out_hidden_size": spec.text_hidden,
-            "num_position_embeddings": 256,  # must be a perfect square (a 16x16 grid, interpolated)
-            "deepstack_visual_indexes": [0],
+            "num_position_embeddings": spec.vision_position_embeddings,  # a perfect square (interpolated)
+            "deepstack_visual_indexes": list(spec.deepstack_indexes),
         },
         image_token_id=ids[IMAGE_PAD],
         video_token_id=ids[VIDEO_PAD],
@@ -274,6 +293,9 @@ def tiny_image_processor(spec: TinySpec) -> Qwen2VLImageProcessorPil:
         image_mean=[0.5, 0.5, 0.5],  # Qwen3-VL's normalisation
         image_std=[0.5, 0.5, 0.5],
     )
+
+
+_SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -304,16 +326,21 @@ def _save_processor_files(out: Path, spec: TinySpec, tokenizer: PreTrainedTokeni
 
 
 def build_tiny_model(
-    out_dir: str | Path, size: TinySize = "ci", seed: int = 0, overwrite: bool = False
+    out_dir: str | Path, size: TinySize = "ci", seed: int = 0, overwrite: bool = False, dtype: str | None = None
 ) -> Path:
-    """Build a random tiny Qwen3-VL model (float32 safetensors + processor files) in `out_dir`.
+    """Build a random Qwen3-VL model of preset `size` (safetensors + processor files) in `out_dir`.
 
-    Deterministic: the same `size` and `seed` give identical weight files (and fingerprint).
+    Weights are saved in `dtype` (default: the preset's, float32 for ci/demo, bfloat16 for the 2B
+    shape); they are always initialised in float32, so only the final cast differs.
+    Deterministic: the same `size`, `seed` and `dtype` give identical weight files (and fingerprint).
     Writes `vlrl_tiny.json` with the preset and seed. Returns the directory.
     """
     if size not in TINY_SPECS:
         raise VlrlError(f"unknown tiny model size {size!r}; choose one of: {', '.join(TINY_SPECS)}")
     spec = TINY_SPECS[size]
+    dtype = dtype or spec.dtype
+    if dtype not in _SAVE_DTYPES:
+        raise VlrlError(f"unknown dtype {dtype!r} for the tiny model; choose one of: {', '.join(_SAVE_DTYPES)}")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -327,6 +354,7 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG state alone
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+    model = model.to(_SAVE_DTYPES[dtype])
     pad_id = tokenizer.pad_token_id
     model.generation_config = GenerationConfig(
         bos_token_id=pad_id, eos_token_id=[tokenizer.eos_token_id, pad_id], pad_token_id=pad_id
@@ -338,7 +366,7 @@ def build_tiny_model(
     tmp.mkdir(parents=True)
     model.save_pretrained(str(tmp))
     _save_processor_files(tmp, spec, tokenizer)
-    _write_json(tmp / "vlrl_tiny.json", {"size": size, "seed": seed, "spec": dataclasses.asdict(spec)})
+    _write_json(tmp / "vlrl_tiny.json", {"size": size, "seed": seed, "dtype": dtype, "spec": dataclasses.asdict(spec)})
     if out.exists():
         out.rmdir()
     tmp.rename(out)

@@ -115,9 +115,17 @@ def make_task(config: EnvConfig, split: str, index: int) -> Task:
 
 
 @lru_cache(maxsize=4096)
+def _is_maze_variant(env_name: str) -> bool:
+    """A registered env that plays maze tasks (e.g. a subclass with another reward)."""
+    try:
+        return bool(getattr(env_class(env_name), "maze_tasks", False))
+    except VlrlError:
+        return False
+
+
 def maze_for_task(task: Task) -> Maze:
     """The maze of a task (memoised: the G episodes of a group share it)."""
-    if task.env not in MAZE_ENVS and not getattr(env_class(task.env), "maze_tasks", False):
+    if task.env not in MAZE_ENVS and not _is_maze_variant(task.env):
         raise VlrlError(f"task {task.task_id} is for env '{task.env}', not a maze")
     needed = {"size", "placement", "min_distance", "theme", "transform", "attempt"}
     missing = needed - set(task.params)
