@@ -79,6 +79,9 @@ def jobs_head():
     # Without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 Ray swaps 127.0.0.1 for the host's IP and the GCS,
     # raylet and agents listen on every interface, --node-ip-address notwithstanding.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    # Jobs run their entrypoint (`vlrl train ...`) with the head's PATH: like a cluster image with
+    # vlrl installed, the venv's bin must be on it even when the tests run without activating it.
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     command = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
                "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--object-store-memory", str(250 * 1024**2),
                "--temp-dir", str(temp / "ray"), "--include-log-monitor", "false", "--disable-usage-stats"]
