@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -11,7 +12,8 @@ from rich.console import Console
 
 from vlrl.config import RunConfig, load_config
 
-console = Console()
+# Job logs and pipes are not terminals: rich would fall back to 80 columns and fold the tables.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def run_dir_for(config: RunConfig, kind: str) -> Path:
