@@ -15,6 +15,8 @@ Papers:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from typing import Literal
 
 import torch
@@ -271,12 +273,15 @@ def grpo_loss(
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, suppress: Sequence[int] = ()
 ) -> torch.Tensor:
     """log softmax(logits / temperature)[tokens], float32, shape [B, T].
 
-    log p(x) = z_x / tau - logsumexp(z / tau). Computed one sequence at a time in float32, so
-    the only extra memory is one [T, V] float32 copy, never a full [B, T, V] log_softmax.
+    log p(x) = z_x / tau - logsumexp(z / tau), with the `suppress`ed token ids removed from the
+    support (logit -inf): the distribution a sampler with `suppress_tokens` draws from, so the
+    rollout engine and the policy's re-scoring use this one function. Computed one sequence at a
+    time in float32, so the only extra memory is one [T, V] float32 copy, never a full
+    [B, T, V] log_softmax.
     """
     if logits.shape[:-1] != tokens.shape:
         raise VlrlError(
@@ -287,6 +292,8 @@ def token_logprobs(
     rows = []
     for row_logits, row_tokens in zip(logits, tokens):
         scaled = row_logits.float() / temperature if temperature != 1.0 else row_logits.float()
+        if suppress:  # out of place: `scaled` may be the caller's own tensor
+            scaled = scaled.index_fill(-1, torch.tensor(list(suppress), device=scaled.device), float("-inf"))
         picked = scaled.gather(-1, row_tokens.long()[:, None]).squeeze(-1)
         rows.append(picked - torch.logsumexp(scaled, dim=-1))
     return torch.stack(rows) if rows else logits.new_zeros(tokens.shape, dtype=torch.float32)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from vlrl.algo.grpo import token_logprobs
+
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence, collate
 
@@ -99,7 +101,7 @@ class TransformersEngine(RolloutEngine):
         new_tokens = out.sequences[:, prompt_len:]
         logits = torch.stack(out.logits, dim=1).float()  # [B*n, new, V], before any processor
         temperature = 1.0 if params.greedy else params.temperature
-        logprobs = sampling_logprobs(logits, new_tokens, temperature, self.suppress)
+        logprobs = token_logprobs(logits, new_tokens, temperature, self.suppress)
         completions: list[list[Completion]] = [[] for _ in prompts]
         for row in range(new_tokens.shape[0]):
             ids = new_tokens[row].tolist()
@@ -116,16 +118,3 @@ class TransformersEngine(RolloutEngine):
             completions[row // params.n].append(Completion(ids, logprobs[row, :cut].tolist(), text, finish))
         return completions
 
-
-def sampling_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, suppress: list[int]) -> torch.Tensor:
-    """log p(token) under softmax(logits / T) with suppressed tokens removed from the support.
-
-    This is the distribution `generate` samples from (temperature, then `suppress_tokens`), so
-    the policy's re-scoring (same function) and the engine agree.
-    """
-    scaled = logits.float() / temperature
-    if suppress:
-        scaled = scaled.clone()
-        scaled[..., suppress] = float("-inf")
-    chosen = scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(scaled, dim=-1)

@@ -78,9 +78,6 @@ class WorkerActor:
     def start(self, config: RunConfig, total_optimizer_steps: int, adapter_dir: str | None, rank: int, world_size: int,
               master_addr: str, master_port: int | None) -> None:
         check_storage(config.storage.root, rank)
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # one bar per worker per load would flood the driver's log
         from vlrl.training.worker import Worker
 
         self.worker = Worker(config, total_optimizer_steps, adapter_dir, rank=rank, world_size=world_size,

@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 
-from vlrl.algo.grpo import entropy_from_logits, grpo_loss
+from vlrl.algo.grpo import entropy_from_logits, grpo_loss, token_logprobs
 from vlrl.config import AlgoConfig, RunConfig
 from vlrl.rollout.episodes import Episode
-from vlrl.rollout.hf_engine import sampling_logprobs
 from vlrl.rollout.sequence import MultimodalSequence, collate
 
 
@@ -162,7 +161,7 @@ class Policy:
                 logits = self._forward(batch)
         logits = logits[:, :-1]
         targets = batch["input_ids"][:, 1:].to(logits.device)
-        logp = sampling_logprobs(logits, targets, self.config.rollout.temperature, self.suppress)
+        logp = token_logprobs(logits, targets, self.config.rollout.temperature, self.suppress)
         ent = entropy_from_logits(logits.float() / self.config.rollout.temperature) if entropy else None
         return logp, ent, batch
 

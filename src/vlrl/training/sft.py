@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 from vlrl.config import RunConfig
+from vlrl.algo.grpo import token_logprobs
 from vlrl.envs.base import Task, build_split, make_env
-from vlrl.rollout.hf_engine import sampling_logprobs
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
 
 RANDOM_ACTIONS = ("up", "down", "left", "right")
@@ -51,7 +51,7 @@ def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torc
     """Mean NLL of the masked tokens, with the same vision-token suppression as sampling."""
     keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
     logits = model(**{k: batch[k] for k in keys if k in batch}, use_cache=False).logits[:, :-1]
-    logp = sampling_logprobs(logits, batch["input_ids"][:, 1:], 1.0, suppress)
+    logp = token_logprobs(logits, batch["input_ids"][:, 1:], 1.0, suppress)
     mask = batch["loss_mask"][:, 1:]
     # Prompt positions may hold suppressed vision tokens (log-prob -inf): select, don't multiply.
     return -torch.where(mask > 0, logp, 0.0).sum() / mask.sum().clamp(min=1)
