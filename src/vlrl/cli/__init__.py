@@ -32,8 +32,9 @@ def _mount() -> None:
     app.add_typer(env_cmd.app, name="env", help="Render mazes, list splits, play an episode.")
     app.add_typer(model_cmd.app, name="model", help="Build tiny offline models and inspect checkpoints.")
     train_cmd.register(app)
-    from vlrl.cli import jobs_cmd
+    from vlrl.cli import eval_cmd, jobs_cmd
 
+    eval_cmd.register(app)
     jobs_cmd.register(app)
 
 
