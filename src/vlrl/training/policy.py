@@ -19,12 +19,19 @@ worker would have accumulated. FSDP collectives need every worker to run the sam
 forward/backward passes: workers with fewer micro-batches run zero-weight passes, and the
 old/reference scoring is padded the same way. Stats are partial sums per optimizer step that
 `combine_update_stats` adds up across workers.
+
+Timings travel beside the stats, not in them: partial stats carry `time_logprob_s` (old +
+reference scoring) and `time_optim_s` (forward/backward passes and optimizer steps), and
+`combine_update_stats` moves them into `UpdateStats.timings` (`logprob_s`, `optim_s`): wall-clock
+seconds of the whole update, summed over optimizer steps, from the slowest worker (workers run
+side by side). So the stats stay exactly reproducible and equal across worker counts.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,11 +116,25 @@ def make_update_plans(sizes: list[int], seed: int, algo: AlgoConfig, world_size:
     return [UpdatePlan(ix, score_passes, st, denominators, world_size) for ix, st in zip(indices, steps)]
 
 
-def combine_update_stats(partials: list[list[dict[str, float]]]) -> dict[str, float]:
+class UpdateStats(dict):
+    """The update's mean stats (a plain dict of floats) with its wall-clock `timings` beside them.
+
+    `timings`: {"logprob_s": ..., "optim_s": ...}, seconds of the whole update. Kept out of the
+    dict so that stats compare equal between runs and between worker counts.
+    """
+
+    def __init__(self, stats: dict[str, float], timings: dict[str, float] | None = None):
+        super().__init__(stats)
+        self.timings = dict(timings or {})
+
+
+def combine_update_stats(partials: list[list[dict[str, float]]]) -> UpdateStats:
     """Per-worker, per-step partial stats (`Policy.run_plan`) -> the update's mean stats.
 
     Loss-like stats are sums of share-weighted micro-batch values, so they add up across
     workers; grad_norm and lr are global and the same on every worker (rank 0's is kept).
+    Timings (`time_*` keys) are wall-clock: the slowest worker's, summed over the steps (not a
+    mean); they go to `.timings` without the `time_` prefix.
     """
     totals: dict[str, float] = {}
     steps = len(partials[0]) if partials else 0
@@ -124,11 +145,14 @@ def combine_update_stats(partials: list[list[dict[str, float]]]) -> dict[str, fl
                 if k in ("grad_norm", "lr"):
                     if rank == 0:
                         merged[k] = v
+                elif k.startswith("time_"):
+                    merged[k] = max(merged.get(k, 0.0), v)
                 else:
                     merged[k] = merged.get(k, 0.0) + v
         for k, v in merged.items():
             totals[k] = totals.get(k, 0.0) + v
-    return {k: v / max(1, steps) for k, v in totals.items()}
+    stats = {k: v / max(1, steps) for k, v in totals.items() if not k.startswith("time_")}
+    return UpdateStats(stats, {k[len("time_"):]: v for k, v in totals.items() if k.startswith("time_")})
 
 
 class Policy:
@@ -188,27 +212,35 @@ class Policy:
         return out
 
     # -- update --------------------------------------------------------------------------
-    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> dict[str, float]:
-        """One GRPO update (ppo_epochs x mini-batches) on these episodes; returns mean stats."""
+    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> UpdateStats:
+        """One GRPO update (ppo_epochs x mini-batches) on these episodes; returns mean stats (+ timings)."""
         plan = make_update_plans([loss_units(e.sequence) for e in episodes], seed, self.config.algo, 1)[0]
         return combine_update_stats([self.run_plan(episodes, advantages, plan)])
 
     def run_plan(self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan) -> list[dict[str, float]]:
         """This worker's part of an update: `episodes`/`advantages` are those at `plan.indices`.
 
-        Returns per optimizer step the partial stats to add up across workers.
+        Returns per optimizer step the partial stats to add up across workers (with `time_*` keys
+        that `combine_update_stats` moves to `UpdateStats.timings`).
         """
         if len(episodes) != len(plan.indices) or len(advantages) != len(plan.indices):
             raise ValueError(f"the plan holds {len(plan.indices)} episodes, got {len(episodes)} episodes and {len(advantages)} advantages")
         at = {g: k for k, g in enumerate(plan.indices)}
         seqs = [e.sequence for e in episodes]
+        start = time.perf_counter()
         old = self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
         ref = self.score_no_grad(seqs, with_adapter=False, passes=plan.score_passes) if self.config.algo.kl_coef > 0 else None
+        scoring_s = time.perf_counter() - start
         self.model.train()
         out = []
         for micro_batches, denom in zip(plan.steps, plan.denominators):
             local = [[at[i] for i in micro] for micro in micro_batches]
-            out.append(self._optimizer_step(local, seqs, advantages, old, ref, denom))
+            start = time.perf_counter()
+            stats = self._optimizer_step(local, seqs, advantages, old, ref, denom)
+            stats["time_optim_s"] = time.perf_counter() - start
+            out.append(stats)
+        if out:  # the scoring happens once per update; book it on the first step (steps are summed)
+            out[0]["time_logprob_s"] = scoring_s
         return out
 
     def _optimizer_step(self, micro_batches, seqs, advantages, old, ref, denom) -> dict[str, float]:
