@@ -78,10 +78,33 @@ class RolloutEngine(ABC):
 
 
 def resolve_engine_name(requested: Literal["auto", "transformers", "vllm"]) -> str:
-    """`auto` means vLLM where it is installed, else transformers; asking for a missing vLLM is an error."""
-    has_vllm = importlib.util.find_spec("vllm") is not None
+    """`auto` means vLLM where it imports, else transformers; asking for a missing (or broken) vLLM is an error."""
+    if requested not in ("auto", "transformers", "vllm"):
+        raise VlrlError(f"unknown rollout.engine {requested!r}; choose auto, transformers or vllm")
+    if requested == "transformers":
+        return requested
+    problem = _vllm_problem()
     if requested == "auto":
-        return "vllm" if has_vllm else "transformers"
-    if requested == "vllm" and not has_vllm:
-        raise VlrlError("rollout.engine is 'vllm' but vLLM is not installed; install it or set rollout.engine=transformers")
+        if problem and importlib.util.find_spec("vllm") is not None:
+            log.warning("rollout.engine=auto: %s, so the transformers engine is used", problem)
+        return "transformers" if problem else "vllm"
+    if problem:
+        raise VlrlError(
+            f"rollout.engine is 'vllm' but {problem}; install it (CPU: scripts/setup-vllm-venv.sh, "
+            "see docs/vllm.md) or set rollout.engine=transformers"
+        )
     return requested
+
+
+def _vllm_problem() -> str | None:
+    """Why vLLM cannot be used here (not installed, or fails to import), or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed"
+    try:
+        from vlrl.rollout.vllm_engine import import_vllm
+
+        import_vllm()  # the engine needs it anyway; a broken install shows up here
+    except Exception as exc:  # e.g. a torchvision without its C++ ops
+        lines = str(exc).strip().splitlines()
+        return f"vLLM does not import ({type(exc).__name__}: {lines[0] if lines else ''})"
+    return None

@@ -1,0 +1,459 @@
+"""The vLLM rollout engine: one in-process `vllm.LLM` per worker, serving the current LoRA adapter.
+
+Same contract as `TransformersEngine` (see `rollout/engine.py`):
+
+- **Exact tokens.** vLLM is prompted with our own token ids (`ChatFormat`'s), not with text. The
+  one change: each image's run of `<|image_pad|>` tokens is collapsed to a single placeholder,
+  because vLLM's multimodal processor expands every placeholder itself. The expanded prompt vLLM
+  reports back is compared with ours, so a mismatch (another image size, another processor
+  config) is an error, never silent drift between what was sampled and what is trained on.
+- **Log-probs of the sampled distribution.** The engine runs with
+  `logprobs_mode="processed_logprobs"`: log-softmax of logits / temperature after the vision
+  special tokens are banned (`bad_words`, set to -inf) — what `algo.grpo.token_logprobs` computes.
+  vLLM's default (`raw_logprobs`) would ignore both the temperature and the ban. With
+  `top_p < 1` vLLM's processed log-probs are also renormalised over the nucleus, while the
+  trainer's are not; keep `rollout.top_p=1` (the default) for unbiased policy gradients anyway.
+- **Stops** on `<|im_end|>` only (`generation_config="vllm"`: the model's generation_config.json,
+  which may list more end tokens, is not read), as the transformers engine does.
+- **Seeds.** Every prompt of a call gets its own seed (`seed * 100_003 + index * n`; vLLM gives
+  the k-th of n samples `seed + k`), so identical conversations in one batch still draw
+  independent samples and a seeded rollout is reproducible.
+- **LoRA sync in memory.** vLLM 0.32's `LoRARequest` only names a directory. We add a small hook
+  to the worker's LoRA manager (`_install_memory_adapters`, through `collective_rpc`, so it works
+  in-process and across processes) that builds the adapter from tensors we hand over, and load it
+  under a fresh id and name each version: vLLM caches adapters (and prefix-cache KV blocks) by id
+  and name, so reusing them would serve stale weights. If the hook cannot be installed (another
+  vLLM version), the engine falls back to a worker-local temporary directory per version, deleted
+  once the next version is loaded.
+- **Colocation.** On GPUs the engine is built with sleep mode: `sleep()` (level 1) moves the
+  weights to CPU memory and drops the KV cache while the policy trains; `wake_up()` restores
+  them. The base weights never change (only the adapter does), so they are never re-sent. On CPU
+  there is no sleep mode: both calls are skipped (logged once).
+
+vLLM's CPU worker, when it runs in our process, reseeds the global RNGs and replaces
+`torch.set_num_threads` with a no-op; the engine undoes both after start-up so the trainer in the
+same process behaves as with the transformers engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlrl.errors import VlrlError
+from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
+from vlrl.rollout.sequence import MultimodalSequence
+
+log = logging.getLogger(__name__)
+
+# vLLM accepts only these values for max_lora_rank; the adapter's rank is rounded up to one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_MEMORY_PREFIX = "vlrl-memory://"  # lora_path of adapters served from tensors (never read from disk)
+_PEFT_FIELDS = ("r", "lora_alpha", "target_modules", "bias", "use_rslora", "use_dora", "modules_to_save",
+                "rank_pattern", "alpha_pattern")
+
+
+def vllm_lora_config(peft_model: Any) -> dict[str, Any]:
+    """The adapter_config.json fields vLLM needs, as plain JSON values, from a PEFT model."""
+    config = peft_model.peft_config[peft_model.active_adapter]
+    out: dict[str, Any] = {}
+    for name in _PEFT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, (set, frozenset, tuple)):
+            value = sorted(value)
+        if value is not None:
+            out[name] = value
+    if out.get("use_dora"):
+        raise VlrlError("vLLM does not serve DoRA adapters; use plain LoRA with rollout.engine=vllm")
+    return out
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as `max_lora_rank` that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise VlrlError(f"LoRA rank {rank} is larger than vLLM supports ({VLLM_LORA_RANKS[-1]})")
+
+
+def collapse_image_placeholders(token_ids: list[int], image_token_id: int) -> tuple[list[int], int]:
+    """Each run of image placeholder tokens becomes one token (vLLM expands it again);
+    returns the ids and the number of runs (= images)."""
+    out: list[int] = []
+    runs = 0
+    previous = None
+    for t in token_ids:
+        if t == image_token_id:
+            if previous == image_token_id:
+                continue
+            runs += 1
+        out.append(t)
+        previous = t
+    return out, runs
+
+
+def import_vllm():
+    """Import vLLM with vlrl's defaults; environment variables the user set win.
+
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in this process: adapters and
+    sleep/wake need no IPC, and a CPU engine starts in ~2.5 s instead of ~18 s.
+    `VLLM_LOGGING_LEVEL=WARNING`: vLLM logs ~30 INFO lines per start otherwise.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    _quiet_known_vllm_warnings()
+    import vllm
+
+    return vllm
+
+
+# -- worker-side hooks (run inside vLLM's worker through collective_rpc) -----------------------
+def _install_memory_adapters(worker: Any) -> bool:
+    """Let the worker's LoRA manager build adapters from tensors registered with
+    `_register_memory_adapter` (lora_path `vlrl-memory://ID`); False when this vLLM lacks the parts."""
+    manager = getattr(getattr(worker, "model_runner", None), "lora_manager", None)
+    needed = ("_load_adapter", "_adapter_manager", "_lora_model_cls", "lora_config", "vocab_size")
+    if manager is None or not all(hasattr(manager, n) for n in needed):
+        return False
+    if getattr(manager, "_vlrl_adapters", None) is not None:
+        return True
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager._vlrl_adapters = {}
+    load_from_disk = manager._load_adapter
+
+    def load_adapter(lora_request):
+        entry = manager._vlrl_adapters.get(lora_request.lora_int_id)
+        if entry is None:
+            return load_from_disk(lora_request)
+        tensors, config = entry
+        # What WorkerLoRAManager._load_adapter does after reading the files.
+        peft_helper = PEFTHelper.from_dict(
+            {**config, "vllm_max_position_embeddings": getattr(manager, "max_position_embeddings", None)}
+        )
+        peft_helper.validate_legal(manager.lora_config)
+        model = manager._adapter_manager.model
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        if mapper is not None:
+            mapper = mapper.get_rename_mapper()
+        lora = manager._lora_model_cls.from_lora_tensors(
+            lora_model_id=lora_request.lora_int_id,
+            tensors=tensors,
+            peft_helper=peft_helper,
+            device="cpu",
+            dtype=manager.lora_config.lora_dtype,
+            model_vocab_size=manager.vocab_size,
+            weights_mapper=mapper,
+            skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+        )
+        if not lora.loras:
+            raise ValueError("none of the adapter's tensors match a LoRA-capable module of the served model")
+        return lora
+
+    manager._load_adapter = load_adapter
+    return True
+
+
+def _register_memory_adapter(worker: Any, lora_id: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """Hold the tensors of adapter `lora_id` for the hook above (next to the one being served)."""
+    adapters = worker.model_runner.lora_manager._vlrl_adapters
+    adapters[lora_id] = ({k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}, config)
+
+
+def _keep_memory_adapter(worker: Any, lora_id: int) -> None:
+    """Forget every held adapter but `lora_id` (called once it is loaded and served)."""
+    adapters = worker.model_runner.lora_manager._vlrl_adapters
+    for other in [k for k in adapters if k != lora_id]:
+        del adapters[other]
+
+
+class VLLMEngine(RolloutEngine):
+    """`vllm.LLM` behind the rollout-engine interface (see the module docstring)."""
+
+    name = "vllm"
+    shares_policy = False  # its own copy of the base weights: every sync sends the adapter
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        tokenizer: Any,
+        suppress_token_ids: list[int],
+        *,
+        eos_token_id: int,
+        lora_config: dict[str, Any],
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        max_images: int = 1,
+        max_num_seqs: int = 64,
+        kv_cache_memory_mb: int = 256,
+        gpu_memory_utilization: float = 0.5,
+        use_gpu: bool = False,
+        seed: int = 0,
+        adapter_transport: str = "memory",
+    ):
+        try:
+            vllm = import_vllm()
+        except ImportError as exc:
+            raise VlrlError(
+                "rollout.engine is 'vllm' but vLLM is not installed; run scripts/setup-vllm-venv.sh "
+                "(CPU) or install vllm, or set rollout.engine=transformers"
+            ) from exc
+        if adapter_transport not in ("memory", "disk"):
+            raise VlrlError(f"adapter_transport must be 'memory' or 'disk', got {adapter_transport!r}")
+        self.tokenizer = tokenizer
+        self.eos_id = eos_token_id
+        self.use_gpu = use_gpu
+        self.lora_config = dict(lora_config)
+        self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self.bad_words = [tokenizer.convert_ids_to_tokens(i) for i in suppress_token_ids]
+        self._version = 0
+        self._lora_request: Any = None
+        self._next_lora_id = 1
+        self._asleep = False
+        self._warned_no_sleep = False
+        self._adapter_dirs: list[Path] = []
+        self._tmp_root: Path | None = None
+        self.sync_times: list[float] = []  # seconds per update_adapter, in order
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enable_lora=True,
+            max_lora_rank=vllm_max_lora_rank(int(self.lora_config["r"])),
+            max_loras=1,
+            max_cpu_loras=1,
+            limit_mm_per_prompt={"image": max(1, max_images), "video": 0},
+            max_num_seqs=max_num_seqs,
+            generation_config="vllm",
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+        if use_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
+        else:
+            # The CPU backend must be told its KV-cache size; CUDA graphs do not exist there.
+            kwargs.update(kv_cache_memory_bytes=int(kv_cache_memory_mb) << 20, enforce_eager=True)
+        start = time.perf_counter()
+        with _preserve_process_state():
+            try:
+                self.llm = vllm.LLM(**kwargs)
+            except Exception as exc:  # vLLM raises many types; the first line says what is wrong
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise VlrlError(f"vLLM could not start on {model_dir}: {first}") from exc
+        self.startup_s = time.perf_counter() - start
+        self._check_bad_words()
+        self.adapter_transport = adapter_transport
+        if adapter_transport == "memory" and not all(self.llm.collective_rpc(_install_memory_adapters)):
+            log.warning("this vLLM has no hook for in-memory LoRA loading; adapters go through a temporary directory")
+            self.adapter_transport = "disk"
+        log.info("vLLM engine up in %.1f s (%s, adapters by %s)", self.startup_s, "GPU" if use_gpu else "CPU",
+                 self.adapter_transport)
+
+    def _check_bad_words(self) -> None:
+        """vLLM bans `bad_words` by tokenizing them; each must be exactly its one special token."""
+        vllm_tok = self.llm.get_tokenizer()
+        for word in self.bad_words:
+            ids = vllm_tok.encode(word, add_special_tokens=False)
+            if ids != [self.tokenizer.convert_tokens_to_ids(word)]:
+                raise VlrlError(f"vLLM's tokenizer does not read {word!r} as one token ({ids}); cannot suppress it")
+
+    # -- adapter -----------------------------------------------------------------------------
+    @property
+    def adapter_version(self) -> int:
+        return self._version
+
+    def update_adapter(self, state: dict[str, torch.Tensor], version: int) -> float:
+        """Load these LoRA weights under a fresh adapter id; the previous adapter is dropped."""
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        lora_id = self._next_lora_id
+        self._next_lora_id += 1
+        name = f"vlrl-v{version}-{lora_id}"  # unique: vLLM keys adapters and prefix-cache blocks by name
+        if self.adapter_transport == "memory":
+            self.llm.collective_rpc(_register_memory_adapter, args=(lora_id, state, self.lora_config))
+            path = f"{_MEMORY_PREFIX}{lora_id}"
+        else:
+            path = str(self._write_adapter_dir(lora_id, state))
+        request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+        engine = self.llm.llm_engine
+        try:
+            # Loads now (so the time is the sync's); vLLM validates the new adapter before it
+            # evicts the served one, so a bad adapter leaves the previous version in service.
+            engine.add_lora(request)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise VlrlError(f"vLLM refused adapter version {version}: {first}") from exc
+        if self._lora_request is not None:
+            engine.remove_lora(self._lora_request.lora_int_id)  # usually evicted already (one slot)
+        self._lora_request = request
+        self._version = version
+        if self.adapter_transport == "memory":
+            self.llm.collective_rpc(_keep_memory_adapter, args=(lora_id,))
+        else:
+            for old in self._adapter_dirs[:-1]:  # vLLM holds the loaded weights; old files are done
+                shutil.rmtree(old, ignore_errors=True)
+            self._adapter_dirs = self._adapter_dirs[-1:]
+        elapsed = time.perf_counter() - start
+        self.sync_times.append(elapsed)
+        log.info("vLLM adapter v%d loaded (id %d, %s) in %.3f s", version, lora_id, self.adapter_transport, elapsed)
+        return elapsed
+
+    def _write_adapter_dir(self, lora_id: int, state: dict[str, torch.Tensor]) -> Path:
+        """A PEFT adapter directory in a worker-local temporary folder (never shared storage)."""
+        from safetensors.torch import save_file
+
+        if self._tmp_root is None:
+            self._tmp_root = Path(tempfile.mkdtemp(prefix="vlrl-vllm-adapters-"))
+        out = self._tmp_root / f"adapter-{lora_id}"
+        out.mkdir()
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
+        (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", **self.lora_config}), encoding="utf-8")
+        self._adapter_dirs.append(out)
+        return out
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:
+        if not prompts:
+            return []
+        self.wake_up()
+        requests, sampling = [], []
+        for index, prompt in enumerate(prompts):
+            ids, runs = collapse_image_placeholders(prompt.token_ids, self.image_token_id)
+            if runs != len(prompt.images):
+                raise VlrlError(f"prompt {index} has {runs} image placeholder runs but {len(prompt.images)} images")
+            request: dict[str, Any] = {"prompt_token_ids": ids}
+            if prompt.images:
+                request["multi_modal_data"] = {"image": list(prompt.images)}
+            requests.append(request)
+            seed = None if params.seed is None else params.seed * 100_003 + index * params.n
+            sampling.append(self._sampling_params(params, seed))
+        outputs = self.llm.generate(requests, sampling, lora_request=self._lora_request, use_tqdm=False)
+        results: list[list[Completion]] = []
+        for index, (prompt, out) in enumerate(zip(prompts, outputs)):
+            if list(out.prompt_token_ids) != prompt.token_ids:
+                raise VlrlError(
+                    f"vLLM expanded prompt {index}'s image placeholders into other tokens than our processor "
+                    f"({len(out.prompt_token_ids)} vs {len(prompt.token_ids)} tokens); do vLLM and vlrl read the "
+                    "same preprocessor_config.json?"
+                )
+            results.append([self._completion(c) for c in out.outputs])
+        return results
+
+    def _sampling_params(self, params: SamplingParams, seed: int | None):
+        import vllm
+
+        return vllm.SamplingParams(
+            n=params.n,
+            temperature=0.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p,
+            top_k=0,
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=[self.eos_id],
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,
+            bad_words=self.bad_words or None,
+            logprobs=0,  # only the sampled token's
+            seed=seed,
+            detokenize=bool(params.stop),  # stop strings need text; our text is decoded from the ids
+        )
+
+    def _completion(self, output: Any) -> Completion:
+        ids = list(output.token_ids)
+        if output.finish_reason not in ("stop", "length"):
+            raise VlrlError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
+        logprobs = [float(step[token].logprob) for token, step in zip(ids, output.logprobs)]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(ids, logprobs, text, output.finish_reason)
+
+    # -- colocation --------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """GPU: release the KV cache and move weights to CPU memory (level 1) while the policy trains."""
+        if not self.use_gpu:
+            if not self._warned_no_sleep:
+                log.info("vLLM sleep mode does not exist on CPU; the engine keeps its memory while the policy trains")
+                self._warned_no_sleep = True
+            return
+        if not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """GPU: bring weights and KV cache back before rollouts (a no-op when awake or on CPU)."""
+        if self.use_gpu and self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Stop the engine and delete its temporary adapter files."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            shutdown = getattr(llm.llm_engine, "engine_core", None)
+            if shutdown is not None and hasattr(shutdown, "shutdown"):
+                shutdown.shutdown()
+            self.llm = None
+        if self._tmp_root is not None:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+            self._tmp_root = None
+
+
+# Warnings vLLM prints at every start that say nothing actionable for us: one line per vision-tower
+# linear layer (LoRA is served on the language model only, by design), the CPU build's notes on
+# thread binding (we restore torch.set_num_threads), the global seed (we restore the RNG states),
+# tcmalloc/iomp preloading, Triton and eager mode. Filters sit on the emitting module loggers,
+# because vLLM rebuilds its handlers when an engine starts.
+_VLLM_NOISE = ("PunicaWrapper", "set_num_threads", "LD_PRELOAD", "global random seed", "VLLM_DIST_IDENT",
+               "SSM cache type", "Triton", "Enforce eager set", "Inductor compilation was disabled")
+_NOISY_LOGGERS = ("vllm.lora.model_manager", "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils",
+                  "vllm.platforms.cpu", "vllm.platforms.interface", "vllm.config.vllm")
+
+
+class _DropVllmNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(part in message for part in _VLLM_NOISE)
+
+
+def _quiet_known_vllm_warnings() -> None:
+    """Attach the noise filter to the loggers that print it (once)."""
+    for name in _NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropVllmNoise) for f in logger.filters):
+            logger.addFilter(_DropVllmNoise())
+
+
+class _preserve_process_state:
+    """Keep the global RNG states and torch's thread settings of this process across vLLM's start-up.
+
+    vLLM's in-process CPU worker reseeds Python, NumPy and torch and swaps `torch.set_num_threads`
+    for a no-op; the trainer in the same process must not notice either.
+    """
+
+    def __enter__(self):
+        self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        self.set_num_threads = torch.set_num_threads
+        self.threads = torch.get_num_threads()
+        return self
+
+    def __exit__(self, *exc):
+        random.setstate(self.rng[0])
+        np.random.set_state(self.rng[1])
+        torch.set_rng_state(self.rng[2])
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        torch.set_num_threads = self.set_num_threads
+        torch.set_num_threads(self.threads)
+        return False
