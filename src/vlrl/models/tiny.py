@@ -8,10 +8,14 @@ text, so nothing is ever downloaded. The directory it writes loads with
 checkpoint.
 
 Presets (`TINY_SPECS`): "ci" (< 1M parameters, for tests), "demo" (a few million, able to
-learn a small visual maze) and "qwen3vl-2b-shape" (the layer shapes of Qwen3-VL-2B, ~1.7B
-parameters in bfloat16, for GPU throughput and memory runs). Every preset uses our small
-tokenizer, so the 2B shape has a ~1k-token vocabulary instead of Qwen's 151,936: its embedding
-and LM head are tiny (~4M instead of ~311M parameters) and it is not a drop-in for real weights.
+learn a small visual maze), "qwen3vl-2b-shape" (the layer shapes of Qwen3-VL-2B, ~1.8B
+parameters in bfloat16) and "qwen3vl-8b-shape" (every shape of Qwen3-VL-8B, 8.77B parameters),
+for GPU throughput and memory runs. Every preset uses our small tokenizer. The 2B shape keeps
+its ~1k-token vocabulary, so its embedding and LM head are tiny (~2M instead of ~311M
+parameters). The 8B shape pads the model's vocabulary to Qwen's real 151,936 (`model_vocab`):
+the tokenizer only ever produces the first ~1k ids, but the embedding, the LM head, the logits
+and the sampler have the real sizes, so its compute and memory are those of the real
+checkpoint. Neither is a drop-in for real weights.
 The same preset and seed always give byte-identical weights.
 """
 
@@ -32,7 +36,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from vlrl.errors import VlrlError
 
-TinySize = Literal["ci", "demo", "qwen3vl-2b-shape"]
+TinySize = Literal["ci", "demo", "qwen3vl-2b-shape", "qwen3vl-8b-shape"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class TinySpec:
     mrope_section: tuple[int, int, int] | None = None  # None: derived from head_dim (_mrope_section)
     vision_position_embeddings: int = 256  # a perfect square: the learned position grid (16x16)
     dtype: str = "float32"  # dtype of the saved weights
+    # Rows of the embedding and LM head when larger than the tokenizer (None: the tokenizer's size).
+    # Ids past the tokenizer decode to nothing; a random model still samples them.
+    model_vocab: int | None = None
 
 
 TINY_SPECS: dict[str, TinySpec] = {
@@ -85,6 +92,16 @@ TINY_SPECS: dict[str, TinySpec] = {
         patch_size=16, spatial_merge=2, image_min_pixels=32 * 32, image_max_pixels=448 * 448,
         tokenizer_vocab=1024, deepstack_indexes=(5, 11, 17), mrope_section=(24, 20, 20),
         vision_position_embeddings=2304, dtype="bfloat16",
+    ),
+    # Qwen3-VL-8B's shapes (transformers' Qwen3VLVisionConfig defaults are this vision tower):
+    # text 4096 x 36 layers, 32 heads / 8 KV heads, head_dim 128, MLP 12288, vocabulary 151,936;
+    # vision 27 x 1152, 16 heads, MLP 4304, deepstack [8, 16, 24]. 8.77B parameters in bfloat16.
+    "qwen3vl-8b-shape": TinySpec(
+        text_hidden=4096, text_layers=36, text_heads=32, text_kv_heads=8, head_dim=128, text_intermediate=12288,
+        vision_depth=27, vision_hidden=1152, vision_heads=16, vision_intermediate=4304,
+        patch_size=16, spatial_merge=2, image_min_pixels=32 * 32, image_max_pixels=448 * 448,
+        tokenizer_vocab=1024, deepstack_indexes=(8, 16, 24), mrope_section=(24, 20, 20),
+        vision_position_embeddings=2304, dtype="bfloat16", model_vocab=151_936,
     ),
 }
 
@@ -247,7 +264,7 @@ def tiny_config(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Qwen3VLCo
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     return Qwen3VLConfig(
         text_config={
-            "vocab_size": len(tokenizer),
+            "vocab_size": max(len(tokenizer), spec.model_vocab or 0),
             "hidden_size": spec.text_hidden,
             "intermediate_size": spec.text_intermediate,
             "num_hidden_layers": spec.text_layers,
@@ -331,7 +348,7 @@ def build_tiny_model(
     """Build a random Qwen3-VL model of preset `size` (safetensors + processor files) in `out_dir`.
 
     Weights are saved in `dtype` (default: the preset's, float32 for ci/demo, bfloat16 for the 2B
-    shape); they are always initialised in float32, so only the final cast differs.
+    and 8B shapes); they are always initialised in float32, so only the final cast differs.
     Deterministic: the same `size`, `seed` and `dtype` give identical weight files (and fingerprint).
     Writes `vlrl_tiny.json` with the preset and seed. Returns the directory.
     """

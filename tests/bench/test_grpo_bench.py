@@ -1,0 +1,71 @@
+"""The GRPO benchmark harness (bench/grpo_bench.py, `vlrl bench`) on CPU with the tiny model."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from vlrl.cli import app
+from vlrl.cli.bench_cmd import load_harness
+
+TINY = ["--model", "ci", "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--samples", "2",
+        "--new-tokens", "4", "--cell-px", "16", "--maze-size", "3", "--micro-batch", "2", "--warmup", "0", "--steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    r = CliRunner().invoke(app, ["bench", *TINY, "--fast-decode", "on", "--decode-sweep", "4", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text()), r.output
+
+
+def test_vlrl_bench_times_a_grpo_step_and_writes_json(tiny_result):
+    result, output = tiny_result
+    assert "s / step" in output and "training tokens / s" in output and "decode" in output
+    ours = result["vlrl"]
+    assert ours["engine_path"] == "static-cache decoder, eager"
+    (step,) = ours["steps"]
+    assert step["generated_tokens"] == 2 * 2 * 4  # the length is forced
+    assert step["step_s"] >= step["rollout_s"] + step["update_s"] > 0
+    assert step["update_s"] >= step["old_logprobs_s"] + step["train_s"] > 0
+    summary = ours["summary"]
+    assert summary["completions_per_s"] == pytest.approx(4 / summary["step_s"])
+    assert summary["logprob_diff_mean"] < 1e-4  # the engine samples what the policy scores
+    assert ours["decode_sweep"]["4"]["tokens"] == 16
+    assert ours["trainable_parameters"] > 0
+
+
+def test_merge_combines_side_by_side_runs_of_one_workload(tiny_result):
+    harness = load_harness()
+    ours, _ = tiny_result
+    trl_only = {key: value for key, value in ours.items() if key != "vlrl"}
+    trl_only["trl"] = {"version": "x", "summary": {"step_s": 3 * ours["vlrl"]["summary"]["step_s"]}, "memory": {}}
+    merged = harness.merge(ours, trl_only)
+    assert merged["trl_over_vlrl_step_time"] == pytest.approx(3.0)
+    assert "TRL step time / vlrl step time: 3.00x" in harness.format_table(merged)
+    other = copy.deepcopy(trl_only)
+    other["settings"]["prompts"] = 8
+    with pytest.raises(ValueError, match="prompts"):
+        harness.merge(ours, other)
+
+
+def test_bad_options_are_one_line_errors():
+    r = CliRunner().invoke(app, ["bench", "--fast-decode", "maybe"])
+    assert r.exit_code != 0 and "fast-decode" in str(r.exception)
+    r = CliRunner().invoke(app, ["bench", "--compare", "verl"])
+    assert r.exit_code != 0 and "trl" in str(r.exception)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is a benchmark-only dependency (the bench extra)")
+def test_trl_runs_the_same_workload_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(app, ["bench", *TINY, "--compare", "trl", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    assert result["trl"]["summary"]["step_s"] > 0 and result["trl_over_vlrl_step_time"] > 0
+    assert "TRL 1." in r.output
