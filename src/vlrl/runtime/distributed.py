@@ -6,14 +6,20 @@ then on the root. A forward pass all-gathers a block's weights and a backward pa
 reduce-scatters its gradients, so every worker must run the same number of passes through the
 same modules; the update plan (`vlrl.training.policy.make_update_plans`) guarantees that.
 
-Adapter and optimizer state leave FSDP as full (unsharded) state dicts keyed like the
-single-process model, so a checkpoint written by W workers loads on any other number of
-workers, including one. Every function here works on an unsharded model too.
+Adapter state leaves FSDP as a full (unsharded) dict keyed like the single-process model (LoRA
+weights are small; every engine needs all of them anyway). Optimizer and LR-scheduler state go to
+checkpoints through `torch.distributed.checkpoint` (DCP): every worker writes only the shard it
+holds, and DCP's metadata lets any other number of workers (one included) read back exactly
+their own shards, so checkpoints reshard (W -> W'). `optimizer_state` / `load_optimizer_state`
+move the same state in memory as one full, name-keyed dict. Every function here works on an
+unsharded model too.
 """
 
 from __future__ import annotations
 
+import collections
 import socket
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -165,6 +171,67 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
         optimizer.load_state_dict(state)
         return
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def dcp_storage(path: str, write: bool):
+    """A DCP writer or reader for a local path or an fsspec URL (s3://, gs://, memory://, file://)."""
+    import torch.distributed.checkpoint as dcp
+
+    if "://" in path:
+        # DCP's fsspec storage lives in a private module (public since torch 2.1 under this name).
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+        return FsspecWriter(path) if write else FsspecReader(path)
+    return dcp.FileSystemWriter(path) if write else dcp.FileSystemReader(path)
+
+
+def _dcp(call, state: dict[str, Any], path: str, model: nn.Module, write: bool) -> None:
+    """Run dcp.save/load: across the process group when sharded, else in this process alone."""
+    storage = {"storage_writer" if write else "storage_reader": dcp_storage(path, write)}
+    if is_sharded(model):
+        call(state, **storage)
+        return
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process.*")
+        call(state, no_dist=True, **storage)
+
+
+def save_optimizer_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, path: str) -> None:
+    """Write optimizer and LR-scheduler state to the directory `path` with DCP.
+
+    Sharded model: every worker must call this at the same time; each writes the shard it holds
+    (`__<rank>_0.distcp`) and rank 0 the `.metadata`. Unsharded: this process writes everything.
+    Before the first optimizer step only the scheduler is written (torch would otherwise fill the
+    empty state with a zero-gradient step, which counts as an AdamW step).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state: dict[str, Any] = {"scheduler": scheduler.state_dict()}
+    if optimizer.state:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    _dcp(dcp.save, state, path, model, write=True)
+
+
+def load_optimizer_checkpoint(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, path: str) -> None:
+    """Read what `save_optimizer_checkpoint` wrote, written by any number of workers, into this
+    worker's optimizer (its own shard when sharded: every worker must call this) and scheduler."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    saved = dcp_storage(path, write=False).read_metadata().state_dict_metadata
+    state: dict[str, Any] = {"scheduler": scheduler.state_dict()}
+    has_optimizer = any(key.startswith("optimizer.") for key in saved)
+    if has_optimizer:
+        # The template DCP fills in place: this optimizer's state (initialised when still empty,
+        # every value is then overwritten), sharded like this worker's parameters.
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    _dcp(dcp.load, state, path, model, write=False)
+    if has_optimizer:
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])
+    else:
+        optimizer.state = collections.defaultdict(dict)  # saved before the first step: a fresh optimizer
+    scheduler.load_state_dict(state["scheduler"])
 
 
 def to_float(value: torch.Tensor | float) -> float:

@@ -9,12 +9,17 @@ loop on one in-process worker or on a group (`make_worker_group` picks by `runti
     update    `make_update_plans` on the driver: the mini-batches one worker would use, a share of
               each for every worker; each worker gets only the episodes of its plan
     evaluate  tasks split like rollouts; results concatenated in task order
-    state     adapter / optimizer state gathered from the FSDP shards, rank 0's copy returned
+    state     adapter / optimizer state gathered from the FSDP shards, rank 0's copy returned;
+              checkpoints: every worker writes (and reads back) its own optimizer shard (DCP)
+              and returns its random states
 
 Every call goes to all workers at once; the first failure is raised at once (a worker stuck in a
 collective with a dead peer would otherwise wait for `runtime.collective_timeout_s`). Errors a
-user can fix come back as one-line `VlrlError`s. `close()` (or leaving a `with` block, or the
-group being garbage-collected) kills the actors and removes the placement group.
+user can fix come back as one-line `VlrlError`s. A worker whose process died (killed, out of
+memory, node lost) is a `WorkerDiedError`, also when a surviving peer reports it first (its
+collective broke): the trainer then rebuilds the group and resumes from its last checkpoint.
+`close()` (or leaving a `with` block, or the group being garbage-collected) kills the actors and
+removes the placement group.
 """
 
 from __future__ import annotations
@@ -35,6 +40,14 @@ from vlrl.training.policy import combine_update_stats, loss_units, make_update_p
 # Worker r samples with seed + r * RANK_SEED_STRIDE (rank 0 keeps the step's seed, so one worker
 # on Ray samples exactly what the in-process worker samples).
 RANK_SEED_STRIDE = 1_000_000_007
+
+
+# How long a liveness check waits for each worker after a call failed.
+LIVENESS_TIMEOUT_S = 30.0
+
+
+class WorkerDiedError(VlrlError):
+    """A worker actor's process is gone; the group is unusable (its process group is broken)."""
 
 
 def rank_seed(seed: int | None, rank: int) -> int | None:
@@ -69,6 +82,10 @@ class WorkerActor:
         import ray
 
         return ray.util.get_node_ip_address()
+
+    def pid(self) -> int:
+        """The actor's process id (tests kill it to check recovery)."""
+        return os.getpid()
 
     def free_port(self) -> int:
         from vlrl.runtime.distributed import free_port
@@ -197,10 +214,35 @@ class RayWorkerGroup:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, VlrlError):
                 raise VlrlError(str(cause)) from None
+            dead = self._dead_ranks()  # a survivor's broken collective may arrive before the death
+            if dead:
+                raise WorkerDiedError(f"worker {dead[0]} died during {what}") from None
             raise
         except ray.exceptions.RayActorError as exc:
             first = (str(exc).strip().splitlines() or ["no reason given"])[0]
-            raise VlrlError(f"a worker died during {what} ({first}); see the worker logs above") from None
+            dead = self._dead_ranks(timeout_s=5.0)
+            rank = dead[0] if dead else "?"
+            raise WorkerDiedError(f"worker {rank} died during {what} ({first[:200]})") from None
+
+    def _dead_ranks(self, timeout_s: float = LIVENESS_TIMEOUT_S) -> list[int]:
+        """Ranks whose actor is gone: a ping fails with an actor error. Returns at the first dead
+        one found, or when every ping answered, or after `timeout_s` (a busy worker is alive)."""
+        import time
+
+        import ray
+
+        pending = {actor.node_ip.remote(): rank for rank, actor in enumerate(self.actors)}
+        deadline = time.monotonic() + timeout_s
+        dead: list[int] = []
+        while pending and not dead and time.monotonic() < deadline:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in done:
+                rank = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError:
+                    dead.append(rank)
+        return sorted(dead)
 
     def _call(self, method: str, *args: Any) -> list:
         """`Worker.method(*args)` on every worker (ObjectRefs in args are shipped once)."""
@@ -283,6 +325,35 @@ class RayWorkerGroup:
         import ray
 
         self._call("load_training_state", ray.put(adapter), ray.put(state))
+
+    # -- checkpoint state (see `vlrl.training.worker.Worker`) -------------------------------------
+    def base_fingerprint(self) -> str:
+        """Hashed by rank 0 only (all workers load the same base; hashing 8B weights takes ~15 s)."""
+        return self._all("base_fingerprint", [self.actors[0].call.remote("base_fingerprint")])[0]
+
+    def load_adapter_state(self, adapter) -> None:
+        import ray
+
+        self._call("load_adapter_state", ray.put(adapter))
+
+    def save_optimizer_state(self, path: str) -> None:
+        """Every worker writes its optimizer shard under `path` (storage they all see)."""
+        self._call("save_optimizer_state", _absolute(path))
+
+    def load_optimizer_state(self, path: str) -> None:
+        """Every worker reads its shard of a checkpoint written by any number of workers."""
+        self._call("load_optimizer_state", _absolute(path))
+
+    def rng_states(self) -> list[dict[str, Any]]:
+        """Each worker's random states, by rank."""
+        return self._call("rng_state")
+
+    def load_rng_states(self, states: list[dict[str, Any]]) -> None:
+        self._call("load_rng_states", states)
+
+    def pids(self) -> list[int]:
+        """Process ids of the worker actors, by rank."""
+        return self._all("pid", [a.pid.remote() for a in self.actors])
 
     # -- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -228,7 +228,10 @@ class Policy:
         at = {g: k for k, g in enumerate(plan.indices)}
         seqs = [e.sequence for e in episodes]
         start = time.perf_counter()
-        old = self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
+        # With a single optimizer step the policy being updated IS the one that sampled, so the
+        # "old" log-probs equal the loss pass's own, detached (as verl/TRL do): one forward saved.
+        on_policy = len(plan.steps) == 1
+        old = None if on_policy else self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
         ref = self.score_no_grad(seqs, with_adapter=False, passes=plan.score_passes) if self.config.algo.kl_coef > 0 else None
         scoring_s = time.perf_counter() - start
         self.model.train()
@@ -268,7 +271,7 @@ class Policy:
             # masked out of the loss, but the k3 KL's exp(-inf - -inf) would still put NaN into
             # the gradient (0 * NaN), so they are zeroed here.
             logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
-            old_b = _pad_stack([old[i] for i in micro], logp.shape[1], logp.device)
+            old_b = logp.detach() if old is None else _pad_stack([old[i] for i in micro], logp.shape[1], logp.device)
             ref_b = _pad_stack([ref[i] for i in micro], logp.shape[1], logp.device) if ref is not None else None
             adv = torch.tensor([advantages[i] for i in micro], dtype=torch.float32, device=logp.device)
             loss, stats = grpo_loss(

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vlrl.envs.base import Task
+from vlrl.errors import VlrlError
 
 
 class TaskSampler:
@@ -39,8 +40,13 @@ class TaskSampler:
         return tasks
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+        """Where the sampler is (JSON): seed, epoch, position in the epoch, and the split's size."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "split_size": len(self.split)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state_dict` was taken; the split must be the same size (else the order differs)."""
+        size = state.get("split_size", len(self.split))
+        if size != len(self.split):
+            raise VlrlError(f"the task sampler was saved over a split of {size} tasks, this one has {len(self.split)}")
         self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
         self._order = self._permutation(self.epoch)

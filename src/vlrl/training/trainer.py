@@ -13,11 +13,18 @@ One step, top to bottom (`GRPOTrainer.step`):
 
 `worker` is an in-process `Worker` (runtime.backend=local) or a `RayWorkerGroup` of W of them
 (runtime.backend=ray, the default): the same methods, so this loop is the only one.
+
+Checkpoints (`vlrl.training.checkpoint` owns the format) hold everything a step depends on, so a
+resumed run continues exactly where the checkpoint was taken: `load_checkpoint("auto" | path)`.
+When a Ray worker dies, `train` rebuilds the worker group, reloads the newest valid checkpoint
+and carries on (`recover`, at most `runtime.max_restarts` times).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +34,16 @@ import torch
 
 from vlrl.algo.grpo import group_advantages, informative_groups
 from vlrl.config import RunConfig, config_to_yaml
-from vlrl.envs.base import build_split
+from vlrl.envs.base import build_split, split_version
 from vlrl.errors import VlrlError
 from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.episodes import Episode, RolloutStats
+from vlrl.runtime.worker_group import WorkerDiedError
+from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, verify
 from vlrl.training.sampler import TaskSampler
 from vlrl.training.seeding import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,7 +64,8 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
 
 
 class GRPOTrainer:
-    """setup -> train (step after step) -> save; checkpoints hold everything needed to resume."""
+    """setup -> [load_checkpoint] -> train (step after step) -> save; checkpoints hold everything
+    needed to resume exactly."""
 
     def __init__(self, config: RunConfig, run_dir: str | Path, init_adapter: str | None = None,
                  on_step: Callable[[StepMetrics], None] | None = None):
@@ -64,22 +76,34 @@ class GRPOTrainer:
         self.step_idx = 0
         self.history: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
+        self.restarts = 0  # worker-group restarts over the whole run (kept in checkpoints)
+        self.session_restarts = 0  # restarts by this process: runtime.max_restarts bounds these
+        self.config_changes: list[dict[str, Any]] = []  # allowed config changes at resumes
+        self.resumed_from: str | None = None
+        self._fingerprint: str | None = None
 
     # -- setup -----------------------------------------------------------------------------
     def setup(self) -> None:
-        """Write the resolved config, start the workers (local or on Ray), build the task splits."""
-        from vlrl.runtime.worker_group import make_worker_group
-
+        """Start the workers (local or on Ray), build the task splits; a new run also writes its config."""
         c = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(config_to_yaml(c))
-        optimizer_steps = c.train.steps * c.algo.ppo_epochs * max(
-            1, -(-c.algo.tasks_per_step * c.algo.group_size // c.algo.mini_batch_size)
-        )
-        self.worker = make_worker_group(c, optimizer_steps, self.init_adapter)
+        self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", keep=c.train.keep_checkpoints)
+        if not self.checkpoints.checkpoints():  # else: written once the resume is accepted (or at a fresh start)
+            self._write_config()
+        self.worker = self._make_workers()
         self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
         self.holdout = list(build_split(c.env, "holdout"))[: c.train.eval_tasks]
         self.metrics_file = self.run_dir / "metrics.jsonl"
+        self._start_rng = rng_state()  # where a restart without any checkpoint goes back to
+
+    def _make_workers(self):
+        from vlrl.runtime.worker_group import make_worker_group
+
+        c = self.config
+        optimizer_steps = c.train.steps * c.algo.ppo_epochs * max(
+            1, -(-c.algo.tasks_per_step * c.algo.group_size // c.algo.mini_batch_size)
+        )
+        return make_worker_group(c, optimizer_steps, self.init_adapter)
 
     def close(self) -> None:
         """Release the workers (Ray actors and their placement group); the trainer is done after this."""
@@ -139,11 +163,15 @@ class GRPOTrainer:
         values["throughput/episodes_per_s"] = len(episodes) / max(1e-9, t_rollout)
         if c.train.eval_every and self.step_idx % c.train.eval_every == 0 and self.step_idx < c.train.steps:
             values.update(self.evaluate().as_metrics("eval"))
+        values["run/restarts"] = float(self.restarts)
         values["time/step_s"] = time.perf_counter() - t0
         record = {"step": self.step_idx, **values}
         self.history.append(record)
         with self.metrics_file.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        # Per-step hooks (progress display; metric export and tracking belong here too) see the
+        # step once its record is in the history and metrics.jsonl. A replayed step (after a
+        # restart or resume from an earlier checkpoint) calls them again.
         m = StepMetrics(self.step_idx, values)
         if self.on_step:
             self.on_step(m)
@@ -155,59 +183,183 @@ class GRPOTrainer:
         return result
 
     def train(self) -> Path:
-        """Run until `train.steps`, evaluate at the end, save the adapter; returns its directory."""
-        if self.config.train.checkpoint_every:
-            every = self.config.train.checkpoint_every
-        else:
-            every = 0
-        while self.step_idx < self.config.train.steps:
+        """Run until `train.steps`, evaluate at the end, save the adapter; returns its directory.
+
+        Checkpoints every `train.checkpoint_every` steps and at the end. When a Ray worker dies
+        the run goes on from the newest checkpoint (`recover`).
+        """
+        if self.resumed_from is None and self.step_idx == 0:
+            self._start_fresh()
+        while True:
+            try:
+                return self._run_to_end()
+            except WorkerDiedError as exc:
+                self.recover(exc)
+
+    def _run_to_end(self) -> Path:
+        c = self.config.train
+        while self.step_idx < c.steps:
             self.step()
-            if every and self.step_idx % every == 0:
+            if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0 and self.step_idx < c.steps:
                 self.save_checkpoint()
-        self.evaluate()
+        if not (self.evals and self.evals[-1]["step"] == self.step_idx):  # else: resumed from the final checkpoint
+            self.evaluate()
+            self.save_checkpoint()
         (self.run_dir / "evals.json").write_text(json.dumps(self.evals, indent=1))
-        self.save_checkpoint()
         return self.worker.save_adapter(self.run_dir / "adapter")
 
     # -- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        """Adapter, optimizer and scheduler, random states, sampler position, step and history."""
-        path = self.run_dir / "checkpoints" / f"step-{self.step_idx:06d}"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {
-                "step": self.step_idx,
-                "adapter": self.worker.adapter_state(),
-                "training": self.worker.training_state(),
-                "rng": rng_state(),
-                "sampler": self.sampler.state_dict(),
-                "history": self.history,
-                "evals": self.evals,
-                "config": self.config.model_dump(mode="json"),
-            },
-            tmp / "state.pt",
+        """Checkpoint the current step: adapter, optimizer and scheduler (sharded), every worker's
+        random states, sampler position, metric history and evaluations, config, manifest."""
+        rng_states = self.worker.rng_states()
+        trainer = {
+            "sampler": self.sampler.state_dict(),
+            "split_versions": self._split_versions(),
+            "base_fingerprint": self._base_fingerprint(),
+            "history": self.history,
+            "evals": self.evals,
+            "restarts": self.restarts,
+            "config_changes": self.config_changes,
+            "driver_rng": rng_state(),
+        }
+        path = self.checkpoints.save(
+            self.step_idx, adapter=self.worker.adapter_state(), write_optimizer=self.worker.save_optimizer_state,
+            rng_states=rng_states, trainer=trainer, config_yaml=config_to_yaml(self.config),
         )
-        if path.exists():
-            import shutil
+        return Path(path)
 
-            shutil.rmtree(path)
-        tmp.rename(path)
-        (path.parent / "latest").write_text(path.name)
-        return path
+    def load_checkpoint(self, resume: str | Path) -> Path | None:
+        """Resume: `auto` takes this run's newest valid checkpoint (a fresh start, logged, when
+        there is none); a path may name a checkpoint, a checkpoints directory or a run directory.
+        A damaged checkpoint is reported and the one before it used; a config that changed in a
+        way that would change the run is refused (`vlrl.training.checkpoint.RESUME_SAFE_KEYS`)."""
+        path = find_checkpoint(str(resume), self.checkpoints.root)
+        if path is None:
+            log.info("no checkpoint in %s yet: starting the run from step 0", self.checkpoints.root)
+            return None
+        self._restore(path)
+        log.info("resumed from %s (step %d of %d)", path, self.step_idx, self.config.train.steps)
+        return Path(path)
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        path = Path(path)
-        if path.name == "latest" or (path / "latest").exists():
-            root = path if path.is_dir() else path.parent
-            path = root / (root / "latest").read_text().strip()
-        try:
-            state = torch.load(path / "state.pt", weights_only=False)
-        except (OSError, RuntimeError, EOFError) as exc:
-            raise VlrlError(f"checkpoint {path} cannot be read ({exc.__class__.__name__}: {exc})") from None
-        self.worker.load_training_state(state["adapter"], state["training"])
-        self.step_idx = state["step"]
+    def _restore(self, path: str, after_restart: bool = False) -> None:
+        """Put the trainer and its workers in the state of checkpoint `path` (verified)."""
+        ckpt = read_checkpoint(path)
+        changes = check_resume_config(ckpt.config, self.config.model_dump(mode="json"), f"from {path}")
+        self._check_same_base_and_tasks(ckpt.trainer, path)
+        if os.path.dirname(path) == self.checkpoints.root:
+            self.checkpoints.remove_newer_than(ckpt.step)
+        self.worker.load_adapter_state(ckpt.adapter)
+        self.worker.load_optimizer_state(ckpt.optimizer_path)
+        self.worker.sync_adapter(ckpt.step)
+        state = ckpt.trainer
+        self.step_idx = ckpt.step
         self.sampler.load_state_dict(state["sampler"])
         self.history, self.evals = state["history"], state["evals"]
-        set_rng_state(state["rng"])
-        self.worker.sync_adapter(self.step_idx)
+        self.config_changes = state.get("config_changes", [])
+        if not after_restart:
+            self.restarts = int(state.get("restarts", 0))
+        if changes:
+            self.config_changes.append({"step": ckpt.step, "changed": changes})
+            log.info("resuming with changed config: %s", ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+        # Random states last: nothing above may draw from them after they are set.
+        self.worker.load_rng_states(ckpt.rng_states)
+        set_rng_state(state["driver_rng"])
+        self._rewrite_metrics()
+        self._write_config()
+        self._event("restart" if after_restart else "resume", checkpoint=path, step=ckpt.step, changed=changes)
+        self.resumed_from = path
+
+    def _check_same_base_and_tasks(self, state: dict[str, Any], path: str) -> None:
+        """Refuse other base weights or another task generator than the checkpoint's."""
+        saved = state.get("base_fingerprint")
+        if saved and saved != self._base_fingerprint():
+            raise VlrlError(
+                f"cannot resume from {path}: model.path holds other base weights (fingerprint {self._base_fingerprint()}, "
+                f"the checkpoint's {saved})"
+            )
+        for split, version in state.get("split_versions", {}).items():
+            if split_version(self.config.env, split) != version:
+                raise VlrlError(
+                    f"cannot resume from {path}: the {split} split's tasks differ from the checkpoint's "
+                    f"(split version {split_version(self.config.env, split)} vs {version}: another maze generator?)"
+                )
+
+    def _split_versions(self) -> dict[str, str]:
+        return {split: split_version(self.config.env, split) for split in ("train", "holdout")}
+
+    def _base_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = self.worker.base_fingerprint()
+        return self._fingerprint
+
+    # -- recovery ----------------------------------------------------------------------------
+    def recover(self, error: Exception) -> None:
+        """A worker died: new worker group, back to the newest valid checkpoint (or to the start
+        when there is none yet), up to `runtime.max_restarts` times per process."""
+        limit = self.config.runtime.max_restarts
+        while True:
+            if self.session_restarts >= limit:
+                raise VlrlError(f"{error}; not restarting again (runtime.max_restarts={limit})") from None
+            self.session_restarts += 1
+            self.restarts += 1
+            source = self.checkpoints.newest_valid()
+            if source is None and self.resumed_from and verify(self.resumed_from) is None:
+                source = self.resumed_from  # resumed from another run's checkpoint, none of its own yet
+            log.warning(
+                "%s; restart %d of %d: new workers, continuing from %s", error, self.session_restarts, limit,
+                source or "step 0 (no checkpoint yet)",
+            )
+            self.worker.close()
+            try:
+                self.worker = self._make_workers()
+                if source:
+                    self._restore(source, after_restart=True)
+                else:
+                    self._back_to_start()
+                return
+            except WorkerDiedError as again:
+                error = again
+
+    def _back_to_start(self) -> None:
+        """The state `setup` left (the new workers are freshly seeded already)."""
+        c = self.config
+        self.step_idx = 0
+        self.history, self.evals = [], []
+        self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
+        set_rng_state(self._start_rng)
+        self._rewrite_metrics()
+        self._event("restart", checkpoint=None, step=0, changed={})
+
+    # -- run directory -------------------------------------------------------------------------
+    def _start_fresh(self) -> None:
+        """A new run in this directory: an earlier run's checkpoints and records are moved aside."""
+        names = ("checkpoints", "metrics.jsonl", "evals.json", "run-events.jsonl")
+        old = [self.run_dir / name for name in names if (self.run_dir / name).exists()]
+        if old:
+            aside = self.run_dir / time.strftime("replaced-%Y%m%d-%H%M%S")
+            aside.mkdir(exist_ok=True)
+            for p in old:
+                p.rename(aside / p.name)
+            log.warning("%s held an earlier run (not resumed): moved its %s to %s", self.run_dir,
+                        " and ".join(p.name for p in old), aside)
+        self._write_config()
+
+    def _write_config(self) -> None:
+        _replace_text(self.run_dir / "config.yaml", config_to_yaml(self.config))
+
+    def _rewrite_metrics(self) -> None:
+        """metrics.jsonl as the restored history says (steps after the checkpoint are dropped)."""
+        _replace_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in self.history))
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """One line in RUN_DIR/run-events.jsonl (resumes, restarts, the config changes they brought)."""
+        with (self.run_dir / "run-events.jsonl").open("a") as f:
+            f.write(json.dumps({"event": kind, "time": time.time(), "restarts": self.restarts, **fields}) + "\n")
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write a file whole or not at all (a temporary file renamed over it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

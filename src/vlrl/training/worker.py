@@ -31,7 +31,7 @@ from vlrl.rollout.hf_engine import TransformersEngine
 from vlrl.rollout.sequence import ChatFormat
 from vlrl.runtime import distributed
 from vlrl.training.policy import Policy, UpdatePlan
-from vlrl.training.seeding import seed_everything
+from vlrl.training.seeding import rng_state, seed_everything, set_rng_state
 
 
 def ensure_model(config: RunConfig) -> Path:
@@ -119,7 +119,21 @@ class Worker:
     def _make_engine(self) -> RolloutEngine:
         name = resolve_engine_name(self.config.rollout.engine)
         if name == "vllm":
-            raise VlrlError("the vLLM rollout engine is not available in this version; set rollout.engine=transformers")
+            # vLLM holds its own copy of the base weights and never shares the policy's module: it
+            # starts from the policy's adapter (fresh, or the warm start) and every sync sends the
+            # gathered adapter weights (`sync_adapter`). One image per turn, so max_turns images.
+            from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
+
+            c = self.config
+            engine = VLLMEngine(
+                self.model_dir, self.processor.tokenizer, self.suppress,
+                eos_token_id=self.chat.eos_id, lora_config=vllm_lora_config(self.model),
+                dtype=c.model.dtype, max_model_len=c.rollout.max_model_len, max_images=c.env.max_turns,
+                max_num_seqs=c.rollout.batch_size, kv_cache_memory_mb=c.rollout.kv_cache_memory_mb,
+                gpu_memory_utilization=c.rollout.gpu_memory_utilization, use_gpu=c.runtime.use_gpu, seed=c.train.seed,
+            )
+            engine.update_adapter(distributed.gather_adapter_state(self.model), 0)
+            return engine
         shares = self.world_size == 1
         model = self.model
         if not shares:
@@ -186,8 +200,43 @@ class Worker:
         # gathered weights (its own stay as they are).
         return Path(save_adapter(self.engine.model, out_dir, model_fingerprint(self.model_dir), state_dict=state))
 
+    # -- state, for checkpoints (every worker of a group must make each call) ---------------
+    def base_fingerprint(self) -> str:
+        """The fingerprint of the base weights this worker trains on (hashed once per process)."""
+        from vlrl.models.fingerprint import model_fingerprint
+
+        return model_fingerprint(self.model_dir)
+
+    def load_adapter_state(self, adapter: dict[str, torch.Tensor]) -> None:
+        """Put full adapter weights (from `adapter_state`, any number of workers) into the policy."""
+        distributed.load_adapter_state(self.model, adapter)
+
+    def save_optimizer_state(self, path: str) -> None:
+        """Write optimizer and LR-scheduler state to the directory `path` (DCP; on a group each
+        worker writes its own shard). `path` is a local directory or an fsspec URL."""
+        distributed.save_optimizer_checkpoint(self.model, self.policy.optimizer, self.policy.scheduler, path)
+
+    def load_optimizer_state(self, path: str) -> None:
+        """Read optimizer and LR-scheduler state written by any number of workers (resharded to this one)."""
+        distributed.load_optimizer_checkpoint(self.model, self.policy.optimizer, self.policy.scheduler, path)
+
+    def rng_state(self) -> dict[str, Any]:
+        """This process's random states (Python, NumPy, torch CPU and CUDA), as JSON."""
+        return rng_state()
+
+    def rng_states(self) -> list[dict[str, Any]]:
+        """Random states per rank (one entry here; a group returns one per worker)."""
+        return [rng_state()]
+
+    def load_rng_states(self, states: list[dict[str, Any]]) -> None:
+        """Restore this rank's random states from a per-rank list. A rank the list does not
+        reach (a checkpoint of fewer workers) keeps the state it was seeded with."""
+        if self.rank < len(states):
+            set_rng_state(states[self.rank])
+
     def training_state(self) -> dict[str, Any]:
-        """Optimizer (full, keyed by parameter name) and scheduler state; on a group, rank 0's is complete."""
+        """Optimizer (full, keyed by parameter name) and scheduler state in memory; on a group, rank
+        0's is complete (checkpoints use `save_optimizer_state`, which writes shards)."""
         return {
             "optimizer": distributed.optimizer_state(self.model, self.policy.optimizer),
             "scheduler": self.policy.scheduler.state_dict(),
