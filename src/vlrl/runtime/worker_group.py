@@ -351,6 +351,10 @@ class RayWorkerGroup:
     def load_rng_states(self, states: list[dict[str, Any]]) -> None:
         self._call("load_rng_states", states)
 
+    def resources(self) -> dict[str, float]:
+        """Every worker's resource readings (`resource/<rank>/...` keys, merged)."""
+        return {k: v for part in self._call("resources") for k, v in part.items()}
+
     def pids(self) -> list[int]:
         """Process ids of the worker actors, by rank."""
         return self._all("pid", [a.pid.remote() for a in self.actors])

@@ -9,7 +9,7 @@ One step, top to bottom (`GRPOTrainer.step`):
                (dynamic sampling: drop all-equal groups, sample more tasks, up to a limit)
     stats      <- worker.update(episodes, advantages)                 (old/ref log-probs, loss, AdamW)
     worker.sync_adapter(step)                                         (the engine serves the new adapter)
-    metrics    -> metrics.jsonl (+ periodic holdout evaluation, checkpoints)
+    metrics    -> metrics.jsonl, Prometheus, MLflow (training/telemetry.py) (+ holdout evaluation, checkpoints)
 
 `worker` is an in-process `Worker` (runtime.backend=local) or a `RayWorkerGroup` of W of them
 (runtime.backend=ray, the default): the same methods, so this loop is the only one.
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,7 @@ class GRPOTrainer:
         self.config_changes: list[dict[str, Any]] = []  # allowed config changes at resumes
         self.resumed_from: str | None = None
         self._fingerprint: str | None = None
+        self._checkpoint_s = 0.0  # time spent checkpointing since the last step record
 
     # -- setup -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -90,6 +92,9 @@ class GRPOTrainer:
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", keep=c.train.keep_checkpoints)
         if not self.checkpoints.checkpoints():  # else: written once the resume is accepted (or at a fresh start)
             self._write_config()
+        from vlrl.training.telemetry import RunTelemetry
+
+        self.telemetry = RunTelemetry(c, self.run_dir, self.init_adapter)
         self.worker = self._make_workers()
         self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
         self.holdout = list(build_split(c.env, "holdout"))[: c.train.eval_tasks]
@@ -110,6 +115,9 @@ class GRPOTrainer:
         worker = getattr(self, "worker", None)
         if worker is not None:
             worker.close()
+        telemetry = getattr(self, "telemetry", None)
+        if telemetry is not None:
+            telemetry.close()
 
     def __enter__(self) -> "GRPOTrainer":
         return self
@@ -156,22 +164,27 @@ class GRPOTrainer:
             update = self.worker.update(episodes, adv, seed=c.train.seed + self.step_idx)
             values["time/update_s"] = time.perf_counter() - t1
             values.update({f"train/{k}": v for k, v in update.items()})
+            values.update({f"time/{k}": v for k, v in getattr(update, "timings", {}).items()})  # logprob_s, optim_s
             values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(1e-9, values["time/update_s"])
         self.step_idx += 1
         values["time/sync_s"] = self.worker.sync_adapter(self.step_idx)
         values["throughput/rollout_tokens_per_s"] = stats.generated_tokens / max(1e-9, stats.generate_s)
         values["throughput/episodes_per_s"] = len(episodes) / max(1e-9, t_rollout)
         if c.train.eval_every and self.step_idx % c.train.eval_every == 0 and self.step_idx < c.train.steps:
+            t2 = time.perf_counter()
             values.update(self.evaluate().as_metrics("eval"))
+            values["time/eval_s"] = time.perf_counter() - t2
+        values["time/checkpoint_s"], self._checkpoint_s = self._checkpoint_s, 0.0  # the previous step's
         values["run/restarts"] = float(self.restarts)
         values["time/step_s"] = time.perf_counter() - t0
         record = {"step": self.step_idx, **values}
         self.history.append(record)
         with self.metrics_file.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        # Per-step hooks (progress display; metric export and tracking belong here too) see the
-        # step once its record is in the history and metrics.jsonl. A replayed step (after a
-        # restart or resume from an earlier checkpoint) calls them again.
+        # Per-step hooks (metric export, tracking, the progress display) see the step once its
+        # record is in the history and metrics.jsonl. A replayed step (after a restart or resume
+        # from an earlier checkpoint) calls them again.
+        self.telemetry.step(record, self.worker.resources if self.telemetry.exporter else None)
         m = StepMetrics(self.step_idx, values)
         if self.on_step:
             self.on_step(m)
@@ -180,6 +193,7 @@ class GRPOTrainer:
     def evaluate(self) -> EvalResult:
         result = self.worker.evaluate(self.holdout, greedy=True, label=f"step {self.step_idx}")
         self.evals.append({"step": self.step_idx, **result.summary()})
+        self.telemetry.evaluation(self.step_idx, self.evals[-1], result.as_metrics("eval"))
         return result
 
     def train(self) -> Path:
@@ -190,11 +204,19 @@ class GRPOTrainer:
         """
         if self.resumed_from is None and self.step_idx == 0:
             self._start_fresh()
-        while True:
-            try:
-                return self._run_to_end()
-            except WorkerDiedError as exc:
-                self.recover(exc)
+        self.telemetry.start(resumed=self.resumed_from is not None)
+        try:
+            while True:
+                try:
+                    adapter = self._run_to_end()
+                    break
+                except WorkerDiedError as exc:
+                    self.recover(exc)
+        except BaseException:
+            self.telemetry.finish("KILLED" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "FAILED")
+            raise
+        self.telemetry.finish("FINISHED", adapter)
+        return adapter
 
     def _run_to_end(self) -> Path:
         c = self.config.train
@@ -223,10 +245,12 @@ class GRPOTrainer:
             "config_changes": self.config_changes,
             "driver_rng": rng_state(),
         }
+        start = time.perf_counter()
         path = self.checkpoints.save(
             self.step_idx, adapter=self.worker.adapter_state(), write_optimizer=self.worker.save_optimizer_state,
             rng_states=rng_states, trainer=trainer, config_yaml=config_to_yaml(self.config),
         )
+        self._checkpoint_s += time.perf_counter() - start
         return Path(path)
 
     def load_checkpoint(self, resume: str | Path) -> Path | None:

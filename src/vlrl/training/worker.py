@@ -198,7 +198,9 @@ class Worker:
             return Path(out_dir)
         # The engine's copy is a plain PEFT model with the same adapter config: it writes the
         # gathered weights (its own stay as they are).
-        return Path(save_adapter(self.engine.model, out_dir, model_fingerprint(self.model_dir), state_dict=state))
+        # (the vLLM engine holds no PEFT module: then the policy's own wrapper writes them).
+        writer = getattr(self.engine, "model", None) or self.model
+        return Path(save_adapter(writer, out_dir, model_fingerprint(self.model_dir), state_dict=state))
 
     # -- state, for checkpoints (every worker of a group must make each call) ---------------
     def base_fingerprint(self) -> str:
@@ -248,7 +250,21 @@ class Worker:
         distributed.load_optimizer_state(self.model, self.policy.optimizer, state["optimizer"])
         self.policy.scheduler.load_state_dict(state["scheduler"])
 
+    def resources(self) -> dict[str, float]:
+        """This worker's host memory and (on a GPU) utilisation and peak memory since the last
+        call, as `resource/<rank>/...` record keys (`vlrl.observability.resources`)."""
+        from vlrl.observability.resources import ResourceMonitor
+
+        if getattr(self, "_monitor", None) is None:
+            self._monitor = ResourceMonitor(self.rank)
+        return self._monitor.snapshot()
+
     def close(self) -> None:
-        """Leave the process group (nothing to do for a lone worker)."""
+        """Stop the engine and the resource monitor; leave the process group."""
+        close_engine = getattr(self.engine, "close", None)
+        if close_engine is not None:
+            close_engine()
+        if getattr(self, "_monitor", None) is not None:
+            self._monitor.close()
         if self.world_size > 1:
             distributed.destroy_process_group()
