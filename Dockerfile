@@ -63,10 +63,12 @@ ENV HF_HUB_OFFLINE=1 \
     PYTHONUNBUFFERED=1 \
     VLLM_USE_FLASHINFER_SAMPLER=0
 
-# Last, so a new image name does not rebuild the layers above. Run lineage records it.
+# Last, so a new image name does not rebuild the layers above. Run lineage (vlrl.tracking.lineage)
+# records both: the image, and the commit it was built from (the image holds no git checkout).
 ARG VLRL_CONTAINER_IMAGE=vlrl:dev
 ARG VLRL_GIT_COMMIT=unknown
-ENV VLRL_CONTAINER_IMAGE=${VLRL_CONTAINER_IMAGE}
+ENV VLRL_CONTAINER_IMAGE=${VLRL_CONTAINER_IMAGE} \
+    VLRL_GIT_COMMIT=${VLRL_GIT_COMMIT}
 LABEL org.opencontainers.image.title="vlrl" \
       org.opencontainers.image.description="GRPO + LoRA post-training of vision-language models on Ray" \
       org.opencontainers.image.licenses="Apache-2.0" \

@@ -44,7 +44,7 @@ class ModelConfig(Section):
         "runs/models/tiny-ci",
         description="Local directory of a Qwen3-VL checkpoint (or one built by `vlrl model init-tiny`). Never downloaded.",
     )
-    init_tiny: Literal["ci", "demo", "qwen3vl-2b-shape"] | None = Field(
+    init_tiny: Literal["ci", "demo", "qwen3vl-2b-shape", "qwen3vl-8b-shape"] | None = Field(
         None,
         description="If set and `path` does not exist, build a random tiny model of this preset there first (offline).",
     )
@@ -168,6 +168,17 @@ class RolloutConfig(Section):
     max_model_len: int = Field(4096, ge=64, description="Longest conversation (prompt + all turns) in tokens.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: share of GPU memory for weights + KV cache.")
     kv_cache_memory_mb: int = Field(256, ge=16, description="vLLM on CPU: KV cache size in MiB (must be set on CPU).")
+    fast_decode: bool | Literal["auto"] = Field(
+        "auto",
+        description=(
+            "transformers engine: decode with a static KV cache and one CUDA graph per step, no host sync until the "
+            "last token, LoRA unmerged (Qwen3-VL; top_p 1, no stop strings). `auto`: on CUDA only; true: also on CPU "
+            "(eager, for tests); false: always transformers `generate` (the CPU default path)."
+        ),
+    )
+    compile_decode: bool = Field(
+        False, description="transformers engine, fast decode on CUDA: also torch.compile the decode step (a compile per batch shape)."
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,8 +234,13 @@ class TrainConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
     eval_tasks: int = Field(64, ge=1, description="Holdout tasks used by periodic evaluation.")
-    checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every N steps (0: only at the end).")
-    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept; the newest valid one is never deleted.")
+    checkpoint_every: int = Field(
+        0, ge=0,
+        description="Write a checkpoint every N steps and at the end (0: only at the end); a resume or a worker restart loses at most N steps.",
+    )
+    keep_checkpoints: int = Field(
+        2, ge=1, description="Checkpoints kept (the newest by step); the newest valid one is never deleted."
+    )
     sft: SftConfig = Field(default_factory=SftConfig, description="Settings of the SFT warm start (`vlrl sft`).")
 
 
@@ -255,6 +271,14 @@ class RuntimeConfig(Section):
     )
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per worker (None: torch's default; Ray sets cpus_per_worker).")
     object_store_memory_mb: int = Field(300, ge=64, description="Object store of a local Ray instance, in MiB.")
+    max_restarts: int = Field(
+        3, ge=0,
+        description=(
+            "When a worker actor dies (its process or node lost), rebuild the worker group, reload the last checkpoint "
+            "and continue, at most this many times per `vlrl train` process (0: the run fails at the first death). "
+            "Each restart is logged and counted in the metric `run/restarts`."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "RuntimeConfig":
@@ -270,9 +294,51 @@ class StorageConfig(Section):
 
 class TrackingConfig(Section):
     enabled: bool = Field(False, description="Log to MLflow.")
-    uri: str | None = Field(None, description="MLflow tracking URI; None uses SQLite in the storage root.")
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (e.g. http://mlflow:5000 for a server); None uses SQLite at <storage.root>/mlflow.db.",
+    )
     experiment: str = Field("vlrl", description="MLflow experiment name.")
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="Expose Prometheus metrics on this port.")
+    log_artifacts: bool = Field(
+        True, description="At the end of a tracked run, copy the adapter, lineage, config and metrics into MLflow's artifact store."
+    )
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535,
+        description="Ray's metrics export port on every node (`ray start --metrics-export-port`); the cluster "
+        "manifests declare it and the PodMonitor scrapes it. vlrl's own training metrics use exporter_port.",
+    )
+    exporter_port: int | None = Field(
+        None, ge=0, le=65535,
+        description="Serve the run's training metrics (vlrl_*, docs/observability.md) for Prometheus on this port "
+        "of the driver; 0 picks a free port, None turns the exporter off. Must differ from metrics_port: "
+        "on a Ray head the driver and Ray's metrics agent share the pod.",
+    )
+    exporter_host: str = Field(
+        "127.0.0.1", description="Address the exporter binds: 127.0.0.1 on a workstation, 0.0.0.0 in a pod that "
+        "Prometheus scrapes.",
+    )
+
+
+class RegistryConfig(Section):
+    uri: str | None = Field(
+        None, description="MLflow model registry URI (or a path to a .db file); None uses the tracking store (tracking.uri, else <storage.root>/mlflow.db)."
+    )
+    model_name: str = Field(
+        "{env}-{base}",
+        description="Registered model name, one per task and base model: {env} is env.name, {base} the first 12 hex digits of the base fingerprint.",
+    )
+    holdout_margin: float = Field(
+        0.02, ge=0, le=1,
+        description="Promotion gate: holdout success must beat production (or the base model) by at least this much (0.02 = 2 points), with non-overlapping 95% Wilson intervals.",
+    )
+    max_adversarial_drop: float = Field(
+        0.02, ge=0, le=1, description="Promotion gate: adversarial success may fall at most this much below production (or the base model)."
+    )
+    decoding: Literal["greedy", "sampled"] = Field("greedy", description="Which decoding's evaluation summaries the gate compares.")
+    audit_log: str | None = Field(
+        None, description="JSONL audit log of registrations, promotions and rollbacks; None: registry-audit.jsonl next to the SQLite DB (or under storage.root)."
+    )
+    lock_timeout_s: float = Field(5.0, gt=0, description="How long to wait for a locked SQLite registry before giving up with an error.")
 
 
 class ServingConfig(Section):
@@ -280,6 +346,16 @@ class ServingConfig(Section):
     port: int = Field(8000, ge=1, le=65535, description="Port of the server.")
     max_model_len: int = Field(4096, ge=64, description="Longest request in tokens.")
     max_loras: int = Field(4, ge=1, description="Adapters resident at once.")
+    max_lora_rank: int | None = Field(
+        None, ge=1, description="Largest LoRA rank a (later swapped-in) adapter may have; None: the smallest vLLM rank that fits the adapters served at start."
+    )
+    kv_cache_mb: int | None = Field(
+        None, ge=16, description="KV cache size in MiB (vLLM's --kv-cache-memory-bytes); None: vLLM's default on GPU, 256 on CPU, where it must be set."
+    )
+    max_images: int = Field(
+        20, ge=1, description="Images per request; a multi-turn maze conversation re-sends every turn's image (env.max_turns of them)."
+    )
+    ready_timeout_s: float = Field(900.0, gt=0, description="Give up when the server is not ready (all adapters loaded) by then.")
 
 
 class RunConfig(Section):
@@ -294,6 +370,7 @@ class RunConfig(Section):
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Where runs are written.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and metrics.")
     serving: ServingConfig = Field(default_factory=ServingConfig, description="Adapter serving.")
+    registry: RegistryConfig = Field(default_factory=RegistryConfig, description="Adapter registry and its promotion gate.")
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

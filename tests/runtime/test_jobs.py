@@ -197,7 +197,7 @@ def test_submitted_job_runs_to_completion_after_the_cli_exits(jobs_head, ci_mode
     status = jobs_head.vlrl("jobs", "status", job_id)
     assert status.returncode == 0 and "SUCCEEDED" in status.stdout and job_id in status.stdout, status.stderr
     logs = jobs_head.vlrl("jobs", "logs", job_id)
-    assert "step 1:" in logs.stdout and "adapter written to" in logs.stdout, logs.stdout
+    assert "step 1/1 |" in logs.stdout and "adapter written to" in logs.stdout, logs.stdout
     run_dir = tmp_path / "runs" / job_id
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
 

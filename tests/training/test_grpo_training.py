@@ -132,7 +132,7 @@ def test_cli_train_writes_adapter_metrics_and_evaluation(ci_config, ci_model_dir
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     evals = json.loads((run / "evals.json").read_text())
     assert evals[-1]["n"] == 8 and 0.0 <= evals[-1]["success_rate"] <= 1.0
-    assert "step 2:" in result.output
+    assert "step 2/2 |" in result.output
 
 
 def test_bad_input_is_one_clear_line(ci_config, tmp_path):

@@ -36,6 +36,19 @@ def _mount() -> None:
 
     eval_cmd.register(app)
     jobs_cmd.register(app)
+    from vlrl.cli import bench_cmd
+
+    bench_cmd.register(app)
+    from vlrl.cli import lineage_cmd, registry_cmd
+
+    lineage_cmd.register(app)
+    app.add_typer(registry_cmd.app, name="registry", help="Adapter registry: register, promote through a gate, roll back.")
+    from vlrl.cli import report_cmd
+
+    report_cmd.register(app)
+    from vlrl.cli import serve_cmd
+
+    serve_cmd.register(app)
 
 
 _mount()

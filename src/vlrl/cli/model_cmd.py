@@ -19,6 +19,7 @@ class TinySizeChoice(str, Enum):
     ci = "ci"
     demo = "demo"
     qwen3vl_2b_shape = "qwen3vl-2b-shape"
+    qwen3vl_8b_shape = "qwen3vl-8b-shape"
 
 
 def _quiet_transformers() -> None:
@@ -40,7 +41,8 @@ def init_tiny(
     out: Path = typer.Argument(..., help="Directory to create (must not exist or be empty)."),
     size: TinySizeChoice = typer.Option(
         TinySizeChoice.ci, "--size", help="ci: <1M params for tests; demo: ~5M, learns a small maze; "
-        "qwen3vl-2b-shape: Qwen3-VL-2B layer shapes (~1.7B, bf16, small vocabulary) for GPU runs."
+        "qwen3vl-2b-shape: Qwen3-VL-2B layer shapes (~1.8B, bf16, small vocabulary) for GPU runs; "
+        "qwen3vl-8b-shape: Qwen3-VL-8B layer shapes and vocabulary (8.8B) for benchmarks."
     ),
     seed: int = typer.Option(0, "--seed", help="Initialisation seed; the same seed gives identical weights."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files."),

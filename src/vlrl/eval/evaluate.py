@@ -22,45 +22,63 @@ from vlrl.rollout.episodes import Episode, run_episodes
 from vlrl.rollout.sequence import ChatFormat
 
 
+def _size_row(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success with its interval, turns of won episodes against the optimum, invalid-action rate."""
+    won = [e for e in episodes if e["success"] > 0]
+    turns = sum(e.get("turns", 0.0) for e in episodes)
+    p = Proportion(len(won), len(episodes))
+    lo, hi = p.interval
+    return {
+        "n": len(episodes),
+        "successes": len(won),
+        "success_rate": p.rate,
+        "success_low": lo,
+        "success_high": hi,
+        "mean_turns": turns / max(1, len(episodes)),
+        "mean_turns_success": sum(e.get("turns", 0.0) for e in won) / len(won) if won else float("nan"),
+        "mean_optimal_turns_success": sum(e.get("optimal_turns", 0.0) for e in won) / len(won) if won else float("nan"),
+        "invalid_rate": sum(e.get("invalid_actions", 0.0) for e in episodes) / max(1.0, turns),
+    }
+
+
 @dataclass
 class EvalResult:
+    """One model's episodes on one split with one decoding; `meta` says exactly what was evaluated
+    (model and adapter fingerprints, split version, task list hash), filled by the protocol."""
+
     label: str
     split: str
     decoding: str
     episodes: list[dict[str, Any]] = field(default_factory=list)  # metrics + size per episode
     traces: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def success(self) -> Proportion:
+        """Solved episodes out of all, with its Wilson interval."""
         return Proportion(sum(int(e["success"] > 0) for e in self.episodes), len(self.episodes))
 
     def summary(self) -> dict[str, Any]:
-        n = max(1, len(self.episodes))
-        won = [e for e in self.episodes if e["success"] > 0]
-        turns = sum(e.get("turns", 0.0) for e in self.episodes)
-        p = self.success
-        lo, hi = p.interval
-        by_size: dict[str, list[int]] = {}
+        """Overall and per-maze-size figures, plus `meta`; what summary.json holds."""
+        by_size: dict[str, list[dict[str, Any]]] = {}
         for e in self.episodes:
-            by_size.setdefault(str(e["size"]), []).append(int(e["success"] > 0))
+            by_size.setdefault(str(e["size"]), []).append(e)
+        sizes = sorted(by_size, key=lambda k: int(k) if k.lstrip("-").isdigit() else 0)
+        rows = {k: _size_row(by_size[k]) for k in sizes}
         return {
             "label": self.label,
             "split": self.split,
             "decoding": self.decoding,
-            "n": len(self.episodes),
-            "success_rate": p.rate,
-            "success_low": lo,
-            "success_high": hi,
-            "mean_turns": turns / n,
-            "mean_turns_success": sum(e.get("turns", 0.0) for e in won) / len(won) if won else float("nan"),
-            "mean_optimal_turns_success": sum(e.get("optimal_turns", 0.0) for e in won) / len(won) if won else float("nan"),
-            "invalid_rate": sum(e.get("invalid_actions", 0.0) for e in self.episodes) / max(1.0, turns),
-            "success_by_size": {k: sum(v) / len(v) for k, v in sorted(by_size.items(), key=lambda kv: int(kv[0]))},
+            **_size_row(self.episodes),
+            "success_by_size": {k: rows[k]["success_rate"] for k in sizes},
+            "by_size": rows,
+            **self.meta,
         }
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
+        """The summary's top-level numbers as {prefix/name: value}."""
         s = self.summary()
-        return {f"{prefix}/{k}": float(v) for k, v in s.items() if isinstance(v, (int, float))}
+        return {f"{prefix}/{k}": float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def save(self, out_dir: str | Path) -> Path:
         """Write summary.json and traces.jsonl (one episode trace per line)."""
@@ -89,6 +107,12 @@ def evaluate_engine(
     return result_from_episodes(episodes, label, split, "greedy" if greedy else f"sampled T={r.temperature}")
 
 
+def _turns(row: dict[str, Any]) -> str:
+    if row["mean_turns_success"] != row["mean_turns_success"]:  # NaN: nothing won
+        return "-"
+    return f"{row['mean_turns_success']:.2f} / {row['mean_optimal_turns_success']:.2f}"
+
+
 def results_table(results: list[EvalResult], title: str = "evaluation") -> Table:
     """Models side by side: success with its 95% interval, turns against the optimum, invalid rate."""
     table = Table(title=title)
@@ -96,7 +120,18 @@ def results_table(results: list[EvalResult], title: str = "evaluation") -> Table
         table.add_column(col)
     for r in results:
         s = r.summary()
-        turns = "-" if s["mean_turns_success"] != s["mean_turns_success"] else f"{s['mean_turns_success']:.2f} / {s['mean_optimal_turns_success']:.2f}"
         sizes = " ".join(f"{k}:{v:.0%}" for k, v in s["success_by_size"].items())
-        table.add_row(r.label, r.split, r.decoding, str(s["n"]), r.success.format(), turns, f"{s['invalid_rate']:.1%}", sizes)
+        table.add_row(r.label, r.split, r.decoding, str(s["n"]), r.success.format(), _turns(s), f"{s['invalid_rate']:.1%}", sizes)
+    return table
+
+
+def size_table(results: list[EvalResult], title: str = "per maze size") -> Table:
+    """One row per model, decoding and maze size: n, success [95% CI], turns (won) / optimal, invalid rate."""
+    table = Table(title=title)
+    for col in ("model", "decoding", "size", "n", "success [95% CI]", "turns (won) / optimal", "invalid"):
+        table.add_column(col)
+    for r in results:
+        for size, row in r.summary()["by_size"].items():
+            p = Proportion(row["successes"], row["n"])
+            table.add_row(r.label, r.decoding, f"{size}x{size}", str(row["n"]), p.format(), _turns(row), f"{row['invalid_rate']:.1%}")
     return table
