@@ -241,7 +241,8 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
             "train_tokens": float(sum(len(e.sequence) for e in episodes)),
             "prompt_tokens": float(sum(len(e.sequence) - e.response_tokens for e in episodes) / len(episodes)),
             "reward_mean": float(rewards.mean()), "loss": float(update.get("loss", 0.0)),
-            **{k: v for k, v in engine.timings.items()}, **phases,
+            # old_logprobs_s is 0 when the update is on-policy (one optimizer step: no separate pass)
+            **{k: v for k, v in engine.timings.items()}, "old_logprobs_s": 0.0, **phases,
         }
         rows.append(row)
         print(f"[vlrl] step {step} ({'warm-up' if step < settings.warmup else 'measured'}): "

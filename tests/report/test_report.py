@@ -77,7 +77,8 @@ def test_report_of_a_finished_run(finished_run, tmp_path):
     assert rows == ["1", "2"], rows
     assert "[" in table and "%" in table  # success with its interval
     assert "init_tiny: ci" in page or "tiny" in page  # the config
-    assert "No lineage.json" in page
+    lineage = page.split("<h2>Lineage</h2>")[1].split("<h2>")[0]  # the trainer wrote lineage.json
+    assert "config_hash" in lineage and "sha256:" in lineage
 
 
 def test_report_of_a_running_run_with_a_cut_off_line_and_lineage(finished_run, tmp_path):

@@ -75,7 +75,27 @@ def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint
 
 
 def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int, float], None] | None = None) -> Path:
-    """Behaviour-clone the oracle; writes a LoRA adapter (mode lora) or a whole model (mode full)."""
+    """Behaviour-clone the oracle; writes a LoRA adapter (mode lora) or a whole model (mode full).
+
+    The output carries its lineage (lineage.json and vlrl_lineage.json, and an MLflow run when
+    `tracking.enabled`), so it can be registered and is refused on its own training split.
+    """
+    from vlrl.tracking.lineage import collect_lineage
+    from vlrl.tracking.tracker import RunTracker
+
+    out_dir = Path(out_dir)
+    tracker = RunTracker.from_config(config)
+    tracker.start(config, out_dir, collect_lineage(config, out_dir, kind="sft", resumed=False))
+    try:
+        out = _train_sft(config, out_dir, progress)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    tracker.end("FINISHED", out)
+    return out
+
+
+def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, float], None] | None) -> Path:
     from vlrl.models.fingerprint import model_fingerprint
     from vlrl.models.loading import load_policy_model, vision_special_token_ids
     from vlrl.models.lora import apply_lora, save_adapter
