@@ -12,32 +12,18 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is
 import pytest
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from vlrl.config import load_config  # noqa: E402
-from vlrl.runtime.cluster import apply_auth_settings  # noqa: E402
 from vlrl.training.trainer import GRPOTrainer  # noqa: E402
+from ray_helpers import two_node_cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "disabled")
-        apply_auth_settings()  # the same mode on every node and the driver
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
-        cluster.add_node(**NODE)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
-        try:
-            yield cluster
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+    with two_node_cluster() as cluster:
+        yield cluster
 
 
 def test_two_node_cluster_trains(two_nodes, ci_model_dir, tmp_path):

@@ -22,14 +22,12 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from vlrl.config import load_config  # noqa: E402
-from vlrl.runtime.cluster import apply_auth_settings  # noqa: E402
 from vlrl.training.trainer import GRPOTrainer  # noqa: E402
+from ray_helpers import two_node_cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE = {"num_cpus": 1, "object_store_memory": 150 * 2**20}
 RUN = ["train.steps=3", "train.checkpoint_every=1", "train.keep_checkpoints=3", "env.max_turns=2", "rollout.max_new_tokens=4",
        "train.eval_tasks=2", "runtime.torch_threads=1", "runtime.placement_timeout_s=180"]
 
@@ -69,20 +67,8 @@ def _assert_same_state(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "disabled")
-        apply_auth_settings()
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
-        cluster.add_node(**NODE)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
-        try:
-            yield cluster
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+    with two_node_cluster() as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
