@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -23,6 +22,7 @@ from vlrl.errors import VlrlError
 from vlrl.runtime import distributed
 from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, verify
 from vlrl.training.trainer import GRPOTrainer
+from run_compare import same, step_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 # Short episodes and a tiny evaluation keep each step cheap; an evaluation every 2 steps puts
@@ -33,21 +33,6 @@ FAST = ["env.max_turns=2", "rollout.max_new_tokens=4", "train.eval_tasks=2", "tr
 def _config(model_dir, root, *overrides):
     base = [f"model.path={model_dir}", f"storage.root={root}", "runtime.backend=local", *FAST]
     return load_config(ROOT / "configs" / "ci-tiny.yaml", base + list(overrides))
-
-
-def _same(a, b) -> bool:
-    """Equality where NaN equals NaN (an evaluation without successes has NaN mean turns)."""
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
-def _numbers(history):
-    return [{k: v for k, v in h.items() if not k.startswith(("time/", "throughput/"))} for h in history]
 
 
 def _optimizer(trainer):
@@ -94,8 +79,8 @@ def test_resume_is_exact_6_steps_vs_3_then_resume_then_3(straight, ci_model_dir,
     assert all(_equal_tensors(a["state"][n], b["state"][n]) for n in a["state"])
     assert float(next(iter(b["state"].values()))["step"]) == 6  # one AdamW step per GRPO step here
     assert straight.worker.policy.scheduler.state_dict() == resumed.worker.policy.scheduler.state_dict()
-    assert _same(_numbers(straight.history), _numbers(resumed.history))
-    assert _same(straight.evals, resumed.evals) and [e["step"] for e in resumed.evals] == [2, 4, 6]
+    assert same(step_numbers(straight.history), step_numbers(resumed.history))
+    assert same(straight.evals, resumed.evals) and [e["step"] for e in resumed.evals] == [2, 4, 6]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2, 3, 4, 5, 6]  # the lost step 4 is not there twice
     events = [json.loads(line) for line in (tmp_path / "run" / "run-events.jsonl").read_text().splitlines()]

@@ -12,6 +12,7 @@ from vlrl.config import EnvConfig
 from vlrl.envs.base import StepResult, register_env
 from vlrl.envs.maze.env import MazeEnv, parse_action
 from vlrl.training.trainer import GRPOTrainer
+from run_compare import step_numbers
 
 
 @register_env("test_up")
@@ -41,10 +42,6 @@ def formatted_model_dir(ci_model_dir, tmp_path_factory):
     return run_sft(cfg, tmp_path_factory.mktemp("sft") / "model")
 
 
-def _numbers(history):
-    return [{k: v for k, v in h.items() if not k.startswith(("time/", "throughput/"))} for h in history]
-
-
 def test_seeded_run_is_bit_for_bit_reproducible(ci_config, formatted_model_dir, tmp_path):
     runs = []
     for name in ("a", "b"):
@@ -53,7 +50,7 @@ def test_seeded_run_is_bit_for_bit_reproducible(ci_config, formatted_model_dir, 
         trainer.setup()
         for _ in range(2):
             trainer.step()
-        runs.append((trainer.worker.adapter_state(), _numbers(trainer.history)))
+        runs.append((trainer.worker.adapter_state(), step_numbers(trainer.history)))
     (sa, ha), (sb, hb) = runs
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert ha == hb
@@ -97,7 +94,7 @@ def test_checkpoint_restores_adapter_optimizer_sampler_and_step(ci_config, tmp_p
     sa, sb = a.worker.adapter_state(), b.worker.adapter_state()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     ma, mb = a.step().values, b.step().values
-    assert _numbers([ma]) == _numbers([mb])
+    assert step_numbers([ma]) == step_numbers([mb])
 
 
 def test_sft_clones_the_oracle_and_writes_an_adapter(ci_config, tmp_path):
