@@ -49,6 +49,7 @@ def test_yaml_round_trip(tmp_path):
         ("env:\n  sizes: [2]\n", "maze size 2 is out of range"),
         ("env:\n  holdout: {seed_start: 5}\n", "overlap"),
         ("algo:\n  mini_batch_size: 10\n", "multiple of algo.micro_batch_size"),
+        ("algo:\n  step_advantage_weight: 1.0\n  ratio_level: sequence\n", "needs algo.ratio_level 'token'"),
         ("- just\n- a list\n", "top level must be a mapping"),
         ("algo: [unclosed\n", "is not valid YAML"),
     ],

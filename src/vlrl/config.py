@@ -191,6 +191,11 @@ class AlgoConfig(Section):
     advantage: Literal["grpo", "dr_grpo"] = Field(
         "grpo", description="`grpo`: (r - mean) / std in the group; `dr_grpo`: r - mean (no std division)."
     )
+    step_advantage_weight: float = Field(
+        0.0, ge=0,
+        description="GiGPO (multi-turn): weight of the step-level advantage, which compares turns of a group that faced the same state by their discounted return; added to the episode advantage per turn. 0: plain episode-level GRPO.",
+    )
+    step_discount: float = Field(0.95, gt=0, le=1, description="GiGPO: discount of the return-to-go that step-level advantages compare.")
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and sample more (DAPO).")
     max_resample_rounds: int = Field(3, ge=0, description="With dynamic sampling: extra rounds to refill the batch.")
     eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip of the importance ratio: 1 - eps_low.")
@@ -379,6 +384,8 @@ class RunConfig(Section):
                 f"algo.mini_batch_size ({self.algo.mini_batch_size}) must be a multiple of "
                 f"algo.micro_batch_size ({self.algo.micro_batch_size})"
             )
+        if self.algo.step_advantage_weight > 0 and self.algo.ratio_level == "sequence":
+            raise ValueError("algo.step_advantage_weight > 0 (per-turn advantages) needs algo.ratio_level 'token', not 'sequence' (GSPO)")
         return self
 
 

@@ -9,6 +9,10 @@ import torch
 
 from vlrl.algo.grpo import (
     aggregate_loss,
+    combine_advantages,
+    discounted_returns,
+    step_advantages,
+    token_advantages,
     entropy_from_logits,
     group_advantages,
     grpo_loss,
@@ -29,6 +33,49 @@ def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
 
 
 # --- advantages --------------------------------------------------------------------------------
+
+
+def test_discounted_returns_by_hand() -> None:
+    assert discounted_returns([0.1, 0.0, 1.0], 0.5) == pytest.approx([0.35, 0.5, 1.0])
+    assert discounted_returns([0.1, 0.0, 1.0], 1.0) == pytest.approx([1.1, 1.0, 1.0])
+    assert discounted_returns([], 0.9) == []
+
+
+def test_step_advantages_compare_turns_of_the_same_state_by_hand() -> None:
+    # One group of two episodes (gamma 0.5). A: rewards 0.1, 0, 1 in states s0, s1, s2 -> returns
+    # 0.35, 0.5, 1.0. B: rewards 0, 0.1 in states s0, s2 -> returns 0.05, 0.1.
+    returns = [discounted_returns([0.1, 0.0, 1.0], 0.5), discounted_returns([0.0, 0.1], 0.5)]
+    states = [["s0", "s1", "s2"], ["s0", "s2"]]
+    # s0: {0.35, 0.05}, mean 0.2, unbiased std 0.3 / sqrt(2) -> +-0.15 / 0.2121 = +-0.7071.
+    # s1 is visited once -> 0. s2: {1.0, 0.1} -> +-0.7071. 4 of 5 turns have a same-state partner.
+    adv, anchored = step_advantages(returns, states, 2)
+    r = 1 / math.sqrt(2)
+    assert adv[0] == pytest.approx([r, 0.0, r], abs=1e-5) and adv[1] == pytest.approx([-r, -r], abs=1e-5)
+    assert anchored == pytest.approx(0.8)
+    plain, _ = step_advantages(returns, states, 2, scale="none")  # Dr. GRPO scaling: R - mean
+    assert plain[0] == pytest.approx([0.15, 0.0, 0.45]) and plain[1] == pytest.approx([-0.15, -0.45])
+    # States are only compared within a group: two groups of one episode share nothing.
+    alone, anchored = step_advantages(returns, states, 1)
+    assert alone == [[0.0, 0.0, 0.0], [0.0, 0.0]] and anchored == 0.0
+    # The same state twice in ONE episode (a bump leaves the maze picture unchanged) is compared too.
+    twice, _ = step_advantages([[0.0, 1.0]], [["s", "s"]], 1, scale="none")
+    assert twice == [[pytest.approx(-0.5), pytest.approx(0.5)]]
+    with pytest.raises(VlrlError, match="one entry per turn"):
+        step_advantages(returns, [["s0"], ["s0", "s2"]], 2)
+    with pytest.raises(VlrlError, match="groups of 3"):
+        step_advantages(returns, states, 3)
+
+
+def test_combine_and_token_advantages() -> None:
+    per_turn = combine_advantages([1.0, -1.0], [[0.5, 0.0], [-0.5]], 2.0)
+    assert per_turn == [[2.0, 1.0], [-2.0]]
+    # Turn t's value goes to the tokens of its response span; prompt/environment tokens get 0.
+    close(token_advantages([0.5, -1.0], [(2, 4), (6, 7)], 8), [0, 0, 0.5, 0.5, 0, 0, -1.0, 0])
+    close(token_advantages(2.0, [(2, 4), (6, 7)], 8), [0, 0, 2.0, 2.0, 0, 0, 2.0, 0])
+    with pytest.raises(VlrlError, match="2 per-turn advantages for a sequence of 1 responses"):
+        token_advantages([0.5, -1.0], [(2, 4)], 8)
+    with pytest.raises(VlrlError, match="one episode advantage"):
+        combine_advantages([1.0], [[0.5], [0.1]], 1.0)
 
 
 def test_group_advantages_std_with_an_all_equal_group() -> None:
@@ -181,9 +228,24 @@ def test_gspo_sequence_ratio() -> None:
 
 def test_policy_loss_shape_errors() -> None:
     with pytest.raises(VlrlError, match="one value per sequence"):
-        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3))
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(VlrlError, match="ratio_level 'token'"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), ratio_level="sequence")
     with pytest.raises(VlrlError, match="same shape"):
         policy_loss(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), torch.ones(2, 3))
+
+
+def test_per_token_advantages_equal_to_per_sequence_ones_give_the_same_loss() -> None:
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -0.7, -0.1]], requires_grad=True)
+    old = torch.tensor([[-1.1, -0.2, -2.0], [-0.3, -1.5, -0.4]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    per_seq, _ = policy_loss(logp, old, torch.tensor([0.5, -2.0]), mask, eps_high=0.28)
+    per_tok, _ = policy_loss(logp, old, torch.tensor([[0.5] * 3, [-2.0] * 3]), mask, eps_high=0.28)
+    close(per_tok.detach(), float(per_seq.detach()))
+    # Different values per token weigh each token's own term: only token (0, 1) gets A = 3.
+    one, _ = policy_loss(logp, old, torch.tensor([[0.0, 3.0, 0.0], [0.0, 0.0, 0.0]]), mask)
+    ratio = math.exp(-0.5 - -0.2)  # 0.741, below 1 - eps_low; with A > 0 min() keeps the unclipped term
+    close(one.detach(), -ratio * 3.0 / 5)  # token_mean over the 5 masked tokens
 
 
 # --- KL and the full objective -----------------------------------------------------------------

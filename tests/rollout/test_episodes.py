@@ -37,7 +37,17 @@ def test_multi_turn_episodes_record_tokens_masks_and_traces(ci_config):
         if cur:
             spans.append(cur)
         turns = e.trace["turns"]
-        assert len(spans) == len(turns) == len(e.turn_rewards)
+        assert len(spans) == len(turns) == len(e.turn_rewards) == len(e.turn_states)
+        assert [s.token_ids[a:b] for a, b in s.response_spans] == spans  # what per-turn advantages use
+        # The state a turn acted on is its observation, picture and text: it stays the same exactly
+        # when the agent did not move and the feedback repeated (the same bump twice); the first
+        # turn's state is shared by the whole group.
+        positions = [e.trace["maze"]["start"]] + [t["position"] for t in turns]
+        texts = ["(instruction)"] + [t["feedback"] for t in turns]
+        for k in range(1, len(turns)):
+            same = positions[k] == positions[k - 1] and texts[k] == texts[k - 1]
+            assert (e.turn_states[k] == e.turn_states[k - 1]) == same
+        assert e.turn_states[0] == eps[e.group * 4].turn_states[0]
         for span, turn in zip(spans, turns):
             assert tok.decode(span, skip_special_tokens=True) == turn["response"]
         masked = [t for t, m in zip(s.token_ids, s.loss_mask) if m]
@@ -81,3 +91,19 @@ def test_greedy_generation_is_deterministic_and_plan_variant_runs(ci_config):
     _, again, _ = _episodes(ci_config, "env.name=maze_plan", tasks=2, group=2, seed=5)
     assert [e.sequence.token_ids for e in first] == [e.sequence.token_ids for e in again]
     assert all(len(e.turn_rewards) == 1 for e in first)
+
+
+def test_response_spans_follow_appends_extends_and_copies():
+    from vlrl.rollout.sequence import MultimodalSequence
+
+    def piece(n: int) -> MultimodalSequence:
+        return MultimodalSequence([7] * n, [0] * n, [0.0] * n, [0] * n)
+
+    seq = piece(3)
+    seq.append_sampled([1, 2], [-0.1, -0.2])
+    seq.extend(piece(2))
+    seq.append_sampled([3], [-0.3])
+    assert seq.response_spans == [(3, 5), (7, 8)]
+    other = piece(1)
+    other.extend(seq.copy())  # spans move with the tokens
+    assert other.response_spans == [(4, 6), (8, 9)] and seq.copy().response_spans == seq.response_spans

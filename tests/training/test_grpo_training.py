@@ -70,6 +70,24 @@ def test_grpo_increases_a_trivially_learnable_reward(ci_config, formatted_model_
     assert last > first + 0.25, rewards
 
 
+def test_gigpo_gives_each_turn_its_own_advantage(ci_config, formatted_model_dir, tmp_path):
+    """GiGPO on real multi-turn mazes: step-level advantages are computed over same-state turns
+    and reach the loss, and they change the update (the adapter differs from plain GRPO's)."""
+    adapters = {}
+    for weight in (0.0, 1.0):
+        cfg = ci_config(f"model.path={formatted_model_dir}", "train.steps=1", "env.max_turns=4",
+                        f"algo.step_advantage_weight={weight}", f"storage.run_name=w{weight}")
+        trainer = GRPOTrainer(cfg, tmp_path / f"w{weight}")
+        trainer.setup()
+        m = trainer.step()
+        adapters[weight] = trainer.worker.adapter_state()
+        assert all(torch.isfinite(torch.tensor(v)) for k, v in m.values.items() if k.startswith("train/"))
+        trainer.close()
+    assert 0.0 < m.values["advantage/anchored_turns"] <= 1.0  # the group's first turns share a state
+    a, b = adapters[0.0], adapters[1.0]
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
 def test_dynamic_sampling_drops_groups_without_signal(ci_config, tmp_path):
     # With the maze's terminal reward and an untrained model, every group is all zeros.
     cfg = ci_config("algo.dynamic_sampling=true", "algo.max_resample_rounds=1", "env.rewards.progress=0", "train.steps=1")

@@ -11,6 +11,8 @@ Papers:
 - DAPO: Yu et al. 2025, arXiv:2503.14476 (clip-higher, dynamic sampling, token-level loss).
 - GSPO: Zheng et al. 2025, arXiv:2507.18071 (sequence-level importance ratio).
 - k3 KL estimator: Schulman 2020, "Approximating KL Divergence" (blog post).
+- GiGPO: Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training",
+  arXiv:2505.10978 (step-level advantages from anchor states, for multi-turn episodes).
 """
 
 from __future__ import annotations
@@ -86,6 +88,88 @@ def _as_groups(rewards: torch.Tensor, group_size: int | None) -> torch.Tensor:
         f"rewards must be [num_groups, G], or 1-D with group_size; got shape "
         f"{tuple(rewards.shape)} and group_size={group_size}"
     )
+
+
+def discounted_returns(turn_rewards: Sequence[float], gamma: float) -> list[float]:
+    """Return-to-go of every turn: R_t = sum_{k >= t} gamma^(k - t) * r_k."""
+    out, running = [0.0] * len(turn_rewards), 0.0
+    for t in range(len(turn_rewards) - 1, -1, -1):
+        running = float(turn_rewards[t]) + gamma * running
+        out[t] = running
+    return out
+
+
+def step_advantages(
+    returns: Sequence[Sequence[float]],
+    states: Sequence[Sequence[str]],
+    group_size: int,
+    *,
+    scale: AdvantageScale = "std",
+    eps: float = 1e-6,
+) -> tuple[list[list[float]], float]:
+    """GiGPO's step-level advantages (Feng et al. 2025), one per turn of every episode.
+
+    Episodes come in consecutive groups of `group_size` (the G episodes of one task). Within a
+    group, the turns that acted on the same environment state (`states[i][t]`, any hashable key:
+    the "anchor state") form a step group, and each turn is compared with the others of its step
+    group by its discounted return-to-go R_{i,t} (`discounted_returns`):
+        scale="std":  A^S_{i,t} = (R_{i,t} - mean(R over the step group)) / (std + eps)
+        scale="none": A^S_{i,t} =  R_{i,t} - mean(R over the step group)
+    with the same conventions as `group_advantages` (unbiased std; a step group whose returns are
+    all equal gets 0). A turn whose state no other turn of its group visited gets 0.
+    Returns (per-episode lists of per-turn advantages, share of turns in a step group of >= 2).
+    """
+    if len(returns) != len(states) or any(len(r) != len(s) for r, s in zip(returns, states)):
+        raise VlrlError("returns and states must have one entry per turn of every episode")
+    if group_size < 1 or len(returns) % group_size:
+        raise VlrlError(f"{len(returns)} episodes cannot be split into groups of {group_size}")
+    out = [[0.0] * len(r) for r in returns]
+    anchored = total = 0
+    for g0 in range(0, len(returns), group_size):
+        members: dict[str, list[tuple[int, int]]] = {}
+        for i in range(g0, g0 + group_size):
+            for t, state in enumerate(states[i]):
+                members.setdefault(state, []).append((i, t))
+        for turns in members.values():
+            total += len(turns)
+            if len(turns) < 2:
+                continue
+            anchored += len(turns)
+            values = torch.tensor([[returns[i][t] for i, t in turns]], dtype=torch.float64)
+            adv = group_advantages(values, scale=scale, eps=eps)[0].tolist()
+            for (i, t), a in zip(turns, adv):
+                out[i][t] = a
+    return out, anchored / max(1, total)
+
+
+def combine_advantages(
+    episode_advantages: Sequence[float], step_advs: Sequence[Sequence[float]], weight: float
+) -> list[list[float]]:
+    """GiGPO's per-turn advantage: A_{i,t} = A^E_i + weight * A^S_{i,t} (weight = omega)."""
+    if len(episode_advantages) != len(step_advs):
+        raise VlrlError("one episode advantage and one list of step advantages per episode are needed")
+    return [[float(a) + weight * s for s in steps] for a, steps in zip(episode_advantages, step_advs)]
+
+
+def token_advantages(
+    advantage: float | Sequence[float], spans: Sequence[tuple[int, int]], length: int
+) -> torch.Tensor:
+    """Advantage of every token of a sequence of `length` tokens, float32 [length].
+
+    `advantage` is one value for the whole episode, or one per turn: turn t's value goes to the
+    tokens of its response, `spans[t]` = [start, end). Tokens outside every response (prompt,
+    environment) get 0; the loss mask leaves them out anyway.
+    """
+    out = torch.zeros(length, dtype=torch.float32)
+    if isinstance(advantage, (int, float)):
+        for start, end in spans:
+            out[start:end] = float(advantage)
+        return out
+    if len(advantage) != len(spans):
+        raise VlrlError(f"{len(advantage)} per-turn advantages for a sequence of {len(spans)} responses")
+    for (start, end), a in zip(spans, advantage):
+        out[start:end] = float(a)
+    return out
 
 
 # --- Masked reductions and loss aggregation ----------------------------------------------------
@@ -164,18 +248,22 @@ def policy_loss(
         loss = mean over non-empty sequences of l_i (`agg`/`max_tokens` do not apply).
         Gradient flows through the mean: d s_i / d logp_t = s_i / n_i for each masked t.
         (GSPO-token, s_it = sg[s_i] * exp(logp_t - sg[logp_t]), is not implemented.)
-    `advantages` is [B], one per sequence. Stats (detached 0-dim tensors) over masked tokens,
+    `advantages` is [B], one per sequence, or [B, T], one per token (per-turn advantages of
+    multi-turn episodes, GiGPO; token-level ratio only). Stats (detached 0-dim tensors) over masked tokens,
     or over non-empty sequences for GSPO: clip_fraction = share where the clipped branch is
     active and so the gradient is zero, i.e. (r > 1+eps_high and A > 0) or (r < 1-eps_low and
     A < 0), split into clip_high_fraction / clip_low_fraction; ratio_mean, ratio_min, ratio_max.
     """
     _check_same_shape(logprobs, old_logprobs, "logprobs", "old_logprobs")
     _check_same_shape(logprobs, mask, "logprobs", "mask")
-    if advantages.shape != logprobs.shape[:1]:
+    per_token = advantages.dim() == 2
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise VlrlError(
-            f"advantages must have one value per sequence, shape {tuple(logprobs.shape[:1])}; "
-            f"got {tuple(advantages.shape)}"
+            f"advantages must have one value per sequence, shape {tuple(logprobs.shape[:1])}, or one "
+            f"per token, shape {tuple(logprobs.shape)}; got {tuple(advantages.shape)}"
         )
+    if per_token and ratio_level == "sequence":
+        raise VlrlError("per-token (per-turn) advantages need ratio_level 'token'; GSPO's ratio is per sequence")
     if eps_low < 0 or eps_high < 0 or eps_low >= 1:
         raise VlrlError(
             f"clip range needs 0 <= eps_low < 1 and eps_high >= 0; got {eps_low}, {eps_high}"
@@ -184,7 +272,7 @@ def policy_loss(
     log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
 
     if ratio_level == "token":
-        ratio, adv, counted = log_ratio.exp(), advantages[:, None], mask.bool()
+        ratio, adv, counted = log_ratio.exp(), advantages if per_token else advantages[:, None], mask.bool()
     elif ratio_level == "sequence":
         ratio = masked_mean(log_ratio, mask, dim=-1).exp()
         adv, counted = advantages, mask.bool().any(dim=-1)

@@ -5,16 +5,23 @@ on the responses; each conversation grows by the model's tokens (loss mask 1) an
 observation (loss mask 0); finished episodes leave the batch. The first turn of the G episodes of
 a task is one prompt sampled `n=G` times, so single-turn tasks (the plan variant) cost one prompt
 per task.
+
+Each turn also records the state it acted on (`Episode.turn_states`, a digest of the whole
+observation: images and text), so GiGPO can compare the turns of a group that faced the same
+observation (`vlrl.algo.grpo.step_advantages`). The text is part of it on purpose: in the maze the
+turn after a bump sees the same picture with "Cannot move right into a wall.", and it is among such
+turns that repeating the bump and trying another way are told apart.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlrl.config import EnvConfig
-from vlrl.envs.base import Env, Task, make_env
+from vlrl.envs.base import Env, Observation, Task, make_env
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence
 
@@ -27,6 +34,7 @@ class Episode:
     group: int  # index of the task in the batch; the G episodes of a task share it
     sequence: MultimodalSequence
     turn_rewards: list[float] = field(default_factory=list)
+    turn_states: list[str] = field(default_factory=list)  # observation_key of what each turn saw
     metrics: dict[str, float] = field(default_factory=dict)
     trace: dict[str, Any] = field(default_factory=dict)
     adapter_version: int = 0
@@ -36,6 +44,16 @@ class Episode:
     @property
     def reward(self) -> float:
         return float(sum(self.turn_rewards))
+
+
+def observation_key(obs: Observation) -> str:
+    """A digest of one observation, images (pixels) and text: equal keys, same observation."""
+    h = hashlib.blake2b(digest_size=12)
+    for image in obs.images:
+        h.update(f"{image.mode}{image.size}".encode())
+        h.update(image.tobytes())
+    h.update(obs.text.encode())
+    return h.hexdigest()
 
 
 @dataclass
@@ -64,10 +82,13 @@ def run_episodes(
     episodes: list[Episode] = []
     t0 = time.perf_counter()
     first_prompts: list[MultimodalSequence] = []
+    states: list[str] = []  # per episode: the key of the observation its next turn answers
     for group, task in enumerate(tasks):
         probe = make_env(env_config)
-        prompt = chat.prompt(probe.system_prompt, probe.reset(task))
+        first = probe.reset(task)
+        prompt = chat.prompt(probe.system_prompt, first)
         first_prompts.append(prompt)
+        states += [observation_key(first)] * group_size
         for k in range(group_size):
             env = probe if k == 0 else make_env(env_config)
             if k:
@@ -90,10 +111,12 @@ def run_episodes(
             ep, env = episodes[i], envs[i]
             ep.sequence.append_sampled(comp.token_ids, comp.logprobs)
             ep.response_tokens += len(comp.token_ids)
+            ep.turn_states.append(states[i])
             result = env.step(comp.text)
             ep.turn_rewards.append(float(result.reward))
             if result.done:
                 continue
+            states[i] = observation_key(result.observation)
             piece = chat.observation_piece(result.observation, response_ended=comp.finish_reason == "stop" and bool(comp.token_ids) and comp.token_ids[-1] == chat.eos_id)
             if len(ep.sequence) + len(piece) + params.max_new_tokens > max_model_len:
                 ep.truncated = True

@@ -36,11 +36,16 @@ class MultimodalSequence:
     images: list[Image.Image] = field(default_factory=list)
     pixel_values: list[torch.Tensor] = field(default_factory=list)  # per image: [patches, dim]
     image_grid_thw: list[torch.Tensor] = field(default_factory=list)  # per image: [3]
+    # [start, end) of each response the policy sampled, one per turn: per-turn advantages
+    # (GiGPO) reach their turn's tokens through these.
+    response_spans: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def extend(self, piece: "MultimodalSequence") -> None:
+        offset = len(self.token_ids)
+        self.response_spans += [(start + offset, end + offset) for start, end in piece.response_spans]
         self.token_ids += piece.token_ids
         self.loss_mask += piece.loss_mask
         self.logprobs += piece.logprobs
@@ -50,7 +55,8 @@ class MultimodalSequence:
         self.image_grid_thw += piece.image_grid_thw
 
     def append_sampled(self, token_ids: list[int], logprobs: list[float]) -> None:
-        """Append tokens the policy generated (they carry loss and their sampling log-probs)."""
+        """Append one response the policy generated (its tokens carry loss and their sampling log-probs)."""
+        self.response_spans.append((len(self.token_ids), len(self.token_ids) + len(token_ids)))
         self.token_ids += token_ids
         self.loss_mask += [1] * len(token_ids)
         self.logprobs += list(logprobs)
@@ -59,7 +65,7 @@ class MultimodalSequence:
     def copy(self) -> "MultimodalSequence":
         return MultimodalSequence(
             list(self.token_ids), list(self.loss_mask), list(self.logprobs), list(self.mm_token_type_ids),
-            list(self.images), list(self.pixel_values), list(self.image_grid_thw),
+            list(self.images), list(self.pixel_values), list(self.image_grid_thw), list(self.response_spans),
         )
 
 

@@ -9,7 +9,9 @@
         clip the gradient norm; AdamW step; learning-rate schedule step
 
 Log-probs are of `sequence[t+1]` given `sequence[:t+1]`; only tokens the policy sampled
-(loss mask 1) count, never prompt or environment tokens.
+(loss mask 1) count, never prompt or environment tokens. An episode's advantage is one number
+(GRPO), or one per turn (GiGPO), which reaches its turn's tokens through the sequence's
+`response_spans`.
 
 Data parallel (W workers, FSDP2): `make_update_plans` shuffles and cuts the mini-batches exactly
 as one worker would, then gives each worker a contiguous share of every mini-batch. Each
@@ -37,7 +39,7 @@ from typing import Any
 
 import torch
 
-from vlrl.algo.grpo import entropy_from_logits, grpo_loss, token_logprobs
+from vlrl.algo.grpo import entropy_from_logits, grpo_loss, token_advantages, token_logprobs
 from vlrl.config import AlgoConfig, RunConfig
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
@@ -212,7 +214,7 @@ class Policy:
         return out
 
     # -- update --------------------------------------------------------------------------
-    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> UpdateStats:
+    def update(self, episodes: list[Episode], advantages: list[float] | list[list[float]], seed: int) -> UpdateStats:
         """One GRPO update (ppo_epochs x mini-batches) on these episodes; returns mean stats (+ timings)."""
         plan = make_update_plans([loss_units(e.sequence) for e in episodes], seed, self.config.algo, 1)[0]
         return combine_update_stats([self.run_plan(episodes, advantages, plan)])
@@ -273,7 +275,12 @@ class Policy:
             logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
             old_b = logp.detach() if old is None else _pad_stack([old[i] for i in micro], logp.shape[1], logp.device)
             ref_b = _pad_stack([ref[i] for i in micro], logp.shape[1], logp.device) if ref is not None else None
-            adv = torch.tensor([advantages[i] for i in micro], dtype=torch.float32, device=logp.device)
+            if any(isinstance(advantages[i], (list, tuple)) for i in micro):
+                # Per-turn advantages (GiGPO): one value per token; column t scores token t + 1.
+                length = logp.shape[1] + 1
+                adv = torch.stack([token_advantages(advantages[i], seqs[i].response_spans, length)[1:] for i in micro]).to(logp.device)
+            else:
+                adv = torch.tensor([advantages[i] for i in micro], dtype=torch.float32, device=logp.device)
             loss, stats = grpo_loss(
                 logp, old_b, ref_b, adv, mask,
                 eps_low=a.eps_low, eps_high=a.eps_high, ratio_level=a.ratio_level, agg=a.loss_agg,

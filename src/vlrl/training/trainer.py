@@ -6,6 +6,7 @@ One step, top to bottom (`GRPOTrainer.step`):
     episodes   <- worker.rollout(tasks, G)                            (engine + environments)
     rewards    <- episode returns, shape [tasks, G]
     advantages <- group_advantages(rewards)                           (GRPO / Dr. GRPO)
+               (+ per turn: step_advantages over same-state turns, GiGPO, when step_advantage_weight > 0)
                (dynamic sampling: drop all-equal groups, sample more tasks, up to a limit)
     stats      <- worker.update(episodes, advantages)                 (old/ref log-probs, loss, AdamW)
     worker.sync_adapter(step)                                         (the engine serves the new adapter)
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from vlrl.algo.grpo import group_advantages, informative_groups
+from vlrl.algo.grpo import combine_advantages, discounted_returns, group_advantages, informative_groups, step_advantages
 from vlrl.config import RunConfig, config_to_yaml
 from vlrl.envs.base import build_split, split_version
 from vlrl.errors import VlrlError
@@ -159,7 +160,10 @@ class GRPOTrainer:
         values.update(episode_metrics(episodes))
         values["groups/dropped"] = float(dropped)
         if episodes:
-            adv = group_advantages(rewards, scale="std" if c.algo.advantage == "grpo" else "none").flatten().tolist()
+            scale = "std" if c.algo.advantage == "grpo" else "none"
+            adv = group_advantages(rewards, scale=scale).flatten().tolist()
+            if c.algo.step_advantage_weight > 0:
+                adv, values["advantage/anchored_turns"] = self.per_turn_advantages(episodes, adv, scale)
             t1 = time.perf_counter()
             update = self.worker.update(episodes, adv, seed=c.train.seed + self.step_idx)
             values["time/update_s"] = time.perf_counter() - t1
@@ -189,6 +193,14 @@ class GRPOTrainer:
         if self.on_step:
             self.on_step(m)
         return m
+
+    def per_turn_advantages(self, episodes: list[Episode], episode_adv: list[float], scale: str) -> tuple[list[list[float]], float]:
+        """GiGPO: the episode advantage plus the weighted step-level advantage, per turn; also the
+        share of turns that had a same-state turn to be compared with."""
+        a = self.config.algo
+        returns = [discounted_returns(e.turn_rewards, a.step_discount) for e in episodes]
+        steps, anchored = step_advantages(returns, [e.turn_states for e in episodes], a.group_size, scale=scale)
+        return combine_advantages(episode_adv, steps, a.step_advantage_weight), anchored
 
     def evaluate(self) -> EvalResult:
         result = self.worker.evaluate(self.holdout, greedy=True, label=f"step {self.step_idx}")
