@@ -244,7 +244,7 @@ def test_block_episode_moves_bumps_trace_and_replay():
     assert obs.images[0].size == (225, 225)
     wall_move = next(m for m in MOVES if env.maze.move(env.pos, m) is None)
     result = env.step(f"<action>{wall_move}</action>")
-    assert result.info["feedback"] == WALL_FEEDBACK and result.info["bumped"] and list(env.pos) == list(env.maze.start)
+    assert result.info["feedback"] == WALL_FEEDBACK[wall_move] and result.info["bumped"] and list(env.pos) == list(env.maze.start)
     while not env.done:
         result = env.step(env.oracle_response())
     metrics = env.episode_metrics()

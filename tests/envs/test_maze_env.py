@@ -92,15 +92,16 @@ def test_first_observation_and_texts():
     assert obs.text == INSTRUCTION and len(obs.images) == 1
     assert obs.images[0].size == (125, 125)
     assert all(isinstance(t, str) and t for t in PROMPT_TEXTS)
-    assert INVALID_FEEDBACK in PROMPT_TEXTS and WALL_FEEDBACK == "Cannot move into a wall."
+    assert INVALID_FEEDBACK in PROMPT_TEXTS and WALL_FEEDBACK["right"] == "Cannot move right into a wall."
 
 
 def test_wall_bump_keeps_position():
     env, obs = _started()
     start = env.pos
-    result = env.step(f"<action>{_wall_move(env)}</action>")
-    assert result.info["bumped"] and result.info["feedback"] == WALL_FEEDBACK
-    assert result.observation.text == WALL_FEEDBACK
+    move = _wall_move(env)
+    result = env.step(f"<action>{move}</action>")
+    assert result.info["bumped"] and result.info["feedback"] == WALL_FEEDBACK[move] == f"Cannot move {move} into a wall."
+    assert result.observation.text == WALL_FEEDBACK[move]
     assert env.pos == start and not result.done
     assert env.episode_metrics()["wall_bumps"] == 1
 

@@ -2,7 +2,9 @@
 
 `maze`: each turn the model sees the maze image and answers one action inside
 `<action>...</action>` (up, down, left, right, stop; case-insensitive, whitespace tolerated, the
-LAST tag counts). A move into a wall leaves the agent in place ("Cannot move into a wall.");
+LAST tag counts). A move into a wall leaves the agent in place ("Cannot move right into a wall.":
+the feedback names the move, because the picture after a bump is the same as before it, and the
+text is what tells the model its last move failed);
 a response without a valid action is an invalid turn. `stop` ends the episode, a success iff the
 agent is on the goal. With `stop_required=False`, arriving on the goal ends the episode with
 success. After `max_turns` turns the episode ends without success.
@@ -44,7 +46,7 @@ SYSTEM_PROMPT = "You are playing a maze game. Each turn you see the maze and ans
 INSTRUCTION = f"You are the blue circle. Reach the red square, then stop. {ACTION_CHOICES}"
 INSTRUCTION_NO_STOP = f"You are the blue circle. Reach the red square. {ACTION_CHOICES}"
 MOVED_FEEDBACK = {move: f"Moved {move}." for move in MOVES}
-WALL_FEEDBACK = "Cannot move into a wall."
+WALL_FEEDBACK = {move: f"Cannot move {move} into a wall." for move in MOVES}
 INVALID_FEEDBACK = f"Invalid action. {ACTION_CHOICES}"
 STOP_ON_GOAL_FEEDBACK = "Stopped on the goal."
 STOP_OFF_GOAL_FEEDBACK = "Stopped, but not on the goal."
@@ -61,7 +63,7 @@ PLAN_FAIL_FEEDBACK = "The path does not end on the goal."
 PLAN_INVALID_FEEDBACK = "Invalid answer. Answer with your moves, e.g. <answer>right down down</answer>."
 
 PROMPT_TEXTS: list[str] = [
-    SYSTEM_PROMPT, INSTRUCTION, INSTRUCTION_NO_STOP, *MOVED_FEEDBACK.values(), WALL_FEEDBACK, INVALID_FEEDBACK,
+    SYSTEM_PROMPT, INSTRUCTION, INSTRUCTION_NO_STOP, *MOVED_FEEDBACK.values(), *WALL_FEEDBACK.values(), INVALID_FEEDBACK,
     STOP_ON_GOAL_FEEDBACK, STOP_OFF_GOAL_FEEDBACK, REACHED_GOAL_FEEDBACK, OUT_OF_TURNS_FEEDBACK,
     PLAN_SYSTEM_PROMPT, PLAN_INSTRUCTION, PLAN_SUCCESS_FEEDBACK, PLAN_FAIL_FEEDBACK, PLAN_INVALID_FEEDBACK,
     *(f"<action>{a}</action>" for a in (*MOVES, "stop")),
@@ -273,7 +275,7 @@ class MazeEnv(_MazeEpisode):
             if moved_to is None:
                 bumped = True
                 self.wall_bumps += 1
-                feedback = WALL_FEEDBACK
+                feedback = WALL_FEEDBACK[action]
             else:
                 self.pos = moved_to
                 feedback = MOVED_FEEDBACK[action]
