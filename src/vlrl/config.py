@@ -222,7 +222,15 @@ class SftConfig(Section):
     episodes: int = Field(512, ge=1, description="Oracle transcripts generated for behaviour cloning.")
     epochs: int = Field(2, ge=1, description="Passes over the transcripts.")
     lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant",
+        description="`constant`, or `linear` decay to 0. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; a decaying rate can stop it short of that.",
+    )
     batch_size: int = Field(16, ge=1, description="Transcripts per optimizer step.")
+    target_loss: float | None = Field(
+        None, gt=0,
+        description="Stop early once the mean loss of the last 20 steps is below this (None: run every step). The demo uses it to end the warm start at the same competence whatever the batch order.",
+    )
     noise: float = Field(
         0.0, ge=0, le=1, description="Share of oracle turns replaced by a random action, so transcripts show recovery."
     )

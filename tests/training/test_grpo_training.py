@@ -132,6 +132,19 @@ def test_sft_clones_the_oracle_and_writes_an_adapter(ci_config, tmp_path):
     trainer.step()
 
 
+def test_sft_stops_at_its_target_loss(ci_config, tmp_path):
+    from vlrl.training.sft import TARGET_WINDOW, reached_target, run_sft
+
+    flat = [{"loss": 0.25}] * (TARGET_WINDOW - 1)
+    assert not reached_target(flat, 0.5)  # not before a full window
+    assert reached_target(flat + [{"loss": 0.25}], 0.5) and not reached_target(flat + [{"loss": 0.25}], 0.25)
+    assert not reached_target(flat * 3, None)
+    # 4 transcripts a step, 8 epochs of 16: 32 steps planned; a target every step meets ends at the window.
+    cfg = ci_config("train.sft.episodes=16", "train.sft.epochs=8", "train.sft.batch_size=4", "train.sft.target_loss=1000")
+    out = run_sft(cfg, tmp_path / "sft")
+    assert len(json.loads((out / "sft_history.json").read_text())) == TARGET_WINDOW
+
+
 def test_cli_train_writes_adapter_metrics_and_evaluation(ci_config, ci_model_dir, tmp_path):
     from vlrl.cli import app
 

@@ -3,7 +3,10 @@
 Transcripts are played by the oracle (`env.oracle_response()`) on training tasks. With
 `train.sft.noise > 0` a share of turns takes a random action instead, so transcripts also show
 how to recover from a bump; those random turns carry no loss (the model must not clone them).
-The loss is the mean negative log-likelihood of the oracle's response tokens.
+The loss is the mean negative log-likelihood of the oracle's response tokens. With
+`train.sft.target_loss` the warm start ends once the loss has come down that far: a random tiny
+model learns to see the maze in a sudden drop of the loss whose step varies with the batch order,
+so a loss target gives the same competence where a step count would not.
 
 It gives the tiny demo model the weak starting competence a pretrained model would have, and it
 is the SFT baseline that evaluation compares GRPO against.
@@ -55,6 +58,16 @@ def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torc
     mask = batch["loss_mask"][:, 1:]
     # Prompt positions may hold suppressed vision tokens (log-prob -inf): select, don't multiply.
     return -torch.where(mask > 0, logp, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+TARGET_WINDOW = 20  # steps averaged for train.sft.target_loss
+
+
+def reached_target(history: list[dict], target: float | None) -> bool:
+    """Whether the mean loss of the last TARGET_WINDOW steps is below `target` (never if None)."""
+    if target is None or len(history) < TARGET_WINDOW:
+        return False
+    return sum(h["loss"] for h in history[-TARGET_WINDOW:]) / TARGET_WINDOW < target
 
 
 def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str) -> Path:
@@ -127,13 +140,18 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr)
     total = s.epochs * -(-len(transcripts) // s.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(1, total))
+    linear = s.lr_schedule == "linear"
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(1, total) if linear else 1.0)
     model.train()
     history, step = [], 0
     for epoch in range(s.epochs):
+        if reached_target(history, s.target_loss):
+            break
         order = list(range(len(transcripts)))
         rng.shuffle(order)
         for b in range(0, len(order), s.batch_size):
+            if reached_target(history, s.target_loss):
+                break
             batch = collate([transcripts[i] for i in order[b : b + s.batch_size]], pad, side="right")
             loss = sft_loss(model, batch, suppress)
             opt.zero_grad(set_to_none=True)
