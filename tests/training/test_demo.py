@@ -1,0 +1,27 @@
+"""The demo's whole path on the ci model, kept tiny: SFT -> GRPO -> evaluation table -> plot.
+
+The demo's learning target is a benchmark (bench/RESULTS.md), not a test; this checks that every
+stage runs and that demo.json reports what the table shows.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from vlrl.demo import run_demo
+
+
+def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
+    cfg = ci_config(
+        "train.sft.mode=full", "train.sft.episodes=16", "train.sft.batch_size=8",
+        "train.steps=2", "train.eval_every=1", "train.eval_tasks=4", "env.holdout.count=8",
+    )
+    report = run_demo(cfg, tmp_path / "demo", Console(record=True, width=160))
+    saved = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert saved["summaries"].keys() == {"base", "sft", "grpo"} and saved["summaries"]["sft"]["n"] == 8
+    gain = saved["summaries"]["grpo"]["success_rate"] - saved["summaries"]["sft"]["success_rate"]
+    assert abs(saved["grpo_minus_sft_pp"] - round(100 * gain, 1)) < 1e-9
+    assert (tmp_path / "demo" / "learning_curve.png").stat().st_size > 0
+    assert report["peak_memory_mb"] > 0 and set(report["phase_s"]) == {"model", "sft", "grpo", "eval"}
