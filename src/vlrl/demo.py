@@ -21,7 +21,7 @@ from vlrl.eval.evaluate import results_table
 from vlrl.eval.protocol import evaluate_models
 from vlrl.report.plots import learning_curve
 from vlrl.training.progress import train_with_progress
-from vlrl.training.sft import run_sft
+from vlrl.training.sft import reached_target, run_sft
 from vlrl.training.worker import ensure_model
 
 
@@ -54,6 +54,11 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         task = bar.add_task("SFT", total=None)
         sft_dir = run_sft(config, out / "sft-adapter",
                           lambda s, n, loss: bar.update(task, completed=s, total=n, description=f"SFT loss {loss:.3f}"))
+        sft_history = json.loads((Path(sft_dir) / "sft_history.json").read_text())
+        sft_steps = len(sft_history)
+        if reached_target(sft_history, config.train.sft.target_loss):  # stopped early: say so, and fill the bar
+            bar.update(task, completed=sft_steps, total=sft_steps,
+                       description=f"SFT reached its loss target {config.train.sft.target_loss} at step {sft_steps}")
     phase("sft", t0)
 
     # GRPO starts where SFT ended: on the SFT model (full mode) or from the SFT adapter (LoRA mode).
@@ -90,6 +95,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         "model": str(model_dir),
         "wall_time_s": round(time.perf_counter() - start, 1),
         "phase_s": timings,
+        "sft_steps": sft_steps,
         "peak_memory_mb": round(peak_memory_mb(), 1),
         "summaries": summaries,
         "grpo_minus_sft_pp": round(100 * gain, 1),

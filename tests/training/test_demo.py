@@ -25,3 +25,4 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
     assert abs(saved["grpo_minus_sft_pp"] - round(100 * gain, 1)) < 1e-9
     assert (tmp_path / "demo" / "learning_curve.png").stat().st_size > 0
     assert report["peak_memory_mb"] > 0 and set(report["phase_s"]) == {"model", "sft", "grpo", "eval"}
+    assert report["sft_steps"] == 2  # 16 transcripts in batches of 8, one epoch (ci-tiny.yaml)
