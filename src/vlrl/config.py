@@ -224,7 +224,7 @@ class SftConfig(Section):
     lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
     lr_schedule: Literal["constant", "linear"] = Field(
         "constant",
-        description="`constant`, or `linear` decay to 0. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; a decaying rate can stop it short of that.",
+        description="`constant`, or `linear` decay to 0. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; with batches of 16 and a linear decay it never got there (bench/RESULTS.md).",
     )
     batch_size: int = Field(16, ge=1, description="Transcripts per optimizer step.")
     target_loss: float | None = Field(
