@@ -166,7 +166,12 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(32, ge=1, description="Token budget of one model turn.")
     batch_size: int = Field(64, ge=1, description="Most conversations sent to the engine in one generate call.")
     max_model_len: int = Field(4096, ge=64, description="Longest conversation (prompt + all turns) in tokens.")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM: share of GPU memory for weights + KV cache.")
+    gpu_memory_utilization: float | Literal["auto"] = Field(
+        0.5,
+        description="vLLM on GPU: share of the GPU's total memory for its weights + KV cache, next to the policy "
+        "(0 < x <= 1); `auto` takes what is free after the policy is loaded, less 4 GiB. A share that leaves no room "
+        "for the policy is refused with both numbers before vLLM starts.",
+    )
     kv_cache_memory_mb: int = Field(256, ge=16, description="vLLM on CPU: KV cache size in MiB (must be set on CPU).")
     fast_decode: bool | Literal["auto"] = Field(
         "auto",
@@ -180,10 +185,16 @@ class RolloutConfig(Section):
         False, description="transformers engine, fast decode on CUDA: also torch.compile the decode step (a compile per batch shape)."
     )
 
+    @model_validator(mode="after")
+    def _check_memory_share(self):
+        share = self.gpu_memory_utilization
+        if share != "auto" and not 0 < share <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1] or auto, got {share}")
+        return self
+
 
 # --------------------------------------------------------------------------------------------
 # algorithm
-
 
 class AlgoConfig(Section):
     group_size: int = Field(8, ge=2, description="Episodes per task (G); advantages are normalised within a group.")

@@ -261,3 +261,80 @@ def test_asking_for_an_absent_vllm_is_one_clear_error(ci_config, monkeypatch):
 
     with pytest.raises(VlrlError, match="rollout.engine=transformers"):
         Worker(ci_config("rollout.engine=vllm"), total_optimizer_steps=1)
+
+
+@pytest.fixture(scope="module")
+def vision_pair(vllm_module, ci_model_dir):
+    """(transformers worker, vLLM engine) for an adapter with LoRA on the vision tower too."""
+    from vlrl.config import load_config
+    from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
+    from vlrl.training.worker import Worker
+
+    cfg = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "runtime.backend=local",
+                                               "rollout.engine=transformers", "model.lora.include_vision=true"])
+    worker = Worker(cfg, total_optimizer_steps=8)
+    engine = VLLMEngine(
+        ci_model_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
+        lora_config=vllm_lora_config(worker.model), max_model_len=cfg.rollout.max_model_len,
+        max_images=cfg.env.max_turns, kv_cache_memory_mb=32, seed=0,
+    )
+    yield worker, engine
+    engine.close()
+
+
+def _set_vision_lora_b(worker, value_scale: float, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in worker.model.named_parameters():
+            if "lora_B" in name and ".visual." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * value_scale)
+
+
+@pytest.mark.vllm
+def test_vision_tower_lora_is_served_not_dropped(vision_pair):
+    """vLLM ignores LoRA on the vision tower (vllm-project/vllm#32541); the engine merges it into
+    the served vision weights, so vLLM samples the trained policy: same greedy tokens and log-probs
+    as the transformers policy, and zeroing the vision half changes vLLM's answers."""
+    worker, engine = vision_pair
+    assert any(".visual." in k for k in worker.adapter_state())
+    prompts = _first_prompts(worker, 4)
+    _set_adapter(worker, engine, seed=40, version=1)  # every lora_B, vision ones included
+    with_vision = engine.generate(prompts, GREEDY)
+    assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), with_vision) < LOGPROB_TOL
+    _set_vision_lora_b(worker, 0.0, seed=0)  # the same adapter without its vision half
+    engine.update_adapter(worker.adapter_state(), 2)
+    without = engine.generate(prompts, GREEDY)
+    assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), without) < LOGPROB_TOL
+    changed = max(abs(x - y) for p, q in zip(with_vision, without) for x, y in zip(p[0].logprobs, q[0].logprobs))
+    assert changed > 1e-3, changed
+    # Back to a vision adapter: the merge starts from the base weights, not from the last merge.
+    _set_adapter(worker, engine, seed=40, version=3)
+    assert _worst_logprob_gap(with_vision, engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+
+
+@pytest.mark.vllm
+def test_a_failing_in_memory_load_falls_back_to_files_for_good(pair, monkeypatch, caplog):
+    """When the in-memory path fails at load time (as vLLM 0.24 did with a 0.32-only call), the
+    same adapter is loaded from files, the engine keeps using files, and says so."""
+    from vlrl.rollout import vllm_compat
+
+    worker, engine = pair
+    assert engine.adapter_transport == "memory"
+    real = vllm_compat.register_memory_adapter
+
+    def broken(vllm_worker, lora_id, tensors, config):  # the in-memory path fails inside vLLM's load
+        real(vllm_worker, lora_id, tensors, {**config, "r": 100_000})
+
+    monkeypatch.setattr(vllm_compat, "register_memory_adapter", broken)
+    prompts = _first_prompts(worker, 2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vlrl.rollout.vllm_engine"):
+            _set_adapter(worker, engine, seed=50, version=50)
+        assert engine.adapter_transport == "disk"
+        assert any("transport: disk" in r.message for r in caplog.records)
+        assert str(engine._tmp_root).startswith("/dev/shm") or not __import__("os").path.isdir("/dev/shm")
+        assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        _set_adapter(worker, engine, seed=51, version=51)  # later versions go through files directly
+        assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+    finally:
+        engine.adapter_transport = "memory"  # the module's other tests expect the in-memory path

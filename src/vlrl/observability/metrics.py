@@ -93,6 +93,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("vlrl_eval_invalid_rate", "gauge", "Invalid actions per turn in the latest evaluation."),
     # time
     Family("vlrl_phase_seconds", "gauge", "Seconds the latest step spent in each phase (phases do not overlap).", ("phase",)),
+    Family("vlrl_adapter_transport", "gauge", "1 for the way adapters reach the vLLM engines: memory, or disk files after a fallback.", ("transport",)),
     Family("vlrl_step_seconds", "gauge", "Wall-clock seconds of the latest step."),
     Family("vlrl_rollout_seconds", "gauge", "Seconds of the latest step's rollouts (generate + env + overhead)."),
     Family("vlrl_update_seconds", "gauge", "Seconds of the latest step's update (logprob + optimizer + transfers)."),
@@ -145,6 +146,8 @@ RECORD_METRICS: list[tuple[tuple[str, ...], str, dict[str, str]]] = [
     (("time/sync_s",), "vlrl_phase_seconds", {"phase": "sync"}),
     (("time/eval_s",), "vlrl_phase_seconds", {"phase": "eval"}),
     (("time/checkpoint_s",), "vlrl_phase_seconds", {"phase": "checkpoint"}),
+    (("sync/transport_memory",), "vlrl_adapter_transport", {"transport": "memory"}),
+    (("sync/transport_disk",), "vlrl_adapter_transport", {"transport": "disk"}),
     (("time/step_s",), "vlrl_step_seconds", {}),
     (("time/rollout_s",), "vlrl_rollout_seconds", {}),
     (("time/update_s",), "vlrl_update_seconds", {}),

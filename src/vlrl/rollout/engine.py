@@ -104,6 +104,8 @@ def _vllm_problem() -> str | None:
         from vlrl.rollout.vllm_engine import import_vllm
 
         import_vllm()  # the engine needs it anyway; a broken install shows up here
+    except VlrlError as exc:  # e.g. a version outside the supported range: its own line says it
+        return str(exc)
     except Exception as exc:  # e.g. a torchvision without its C++ ops
         lines = str(exc).strip().splitlines()
         return f"vLLM does not import ({type(exc).__name__}: {lines[0] if lines else ''})"

@@ -18,13 +18,17 @@ Same contract as `TransformersEngine` (see `rollout/engine.py`):
 - **Seeds.** Every prompt of a call gets its own seed (`seed * 100_003 + index * n`; vLLM gives
   the k-th of n samples `seed + k`), so identical conversations in one batch still draw
   independent samples and a seeded rollout is reproducible.
-- **LoRA sync in memory.** vLLM 0.32's `LoRARequest` only names a directory. We add a small hook
-  to the worker's LoRA manager (`_install_memory_adapters`, through `collective_rpc`, so it works
-  in-process and across processes) that builds the adapter from tensors we hand over, and load it
-  under a fresh id and name each version: vLLM caches adapters (and prefix-cache KV blocks) by id
-  and name, so reusing them would serve stale weights. If the hook cannot be installed (another
-  vLLM version), the engine falls back to a worker-local temporary directory per version, deleted
-  once the next version is loaded.
+- **LoRA sync in memory.** `LoRARequest` only names a directory. A small hook in the worker's
+  LoRA manager (`vllm_compat.install_memory_lora_loader`, through `collective_rpc`, so it works
+  in-process and across processes) builds the adapter from tensors we hand over, loaded under a
+  fresh id and name each version: vLLM caches adapters (and prefix-cache KV blocks) by id and
+  name, so reusing them would serve stale weights. When the hook cannot be installed, or a load
+  through it fails while the same adapter loads from files, the engine switches for good to
+  files in /dev/shm (a fresh directory and id per version, deleted once the next is loaded) and
+  says so in the log and in the `sync/transport_*` metrics.
+- **Vision-tower LoRA.** vLLM ignores adapter tensors on the vision tower (vllm-project/vllm#32541),
+  so it would sample from another policy than the one trained. The engine sends vLLM only the
+  language-model half and merges the vision half into the served vision weights itself.
 - **Colocation.** On GPUs the engine is built with sleep mode: `sleep()` (level 1) moves the
   weights to CPU memory and drops the KV cache while the policy trains; `wake_up()` restores
   them. The base weights never change (only the adapter does), so they are never re-sent. On CPU
@@ -53,12 +57,12 @@ import torch
 from vlrl.errors import VlrlError
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence
+from vlrl.rollout import vllm_compat as compat
 
 log = logging.getLogger(__name__)
 
 # vLLM accepts only these values for max_lora_rank; the adapter's rank is rounded up to one.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-_MEMORY_PREFIX = "vlrl-memory://"  # lora_path of adapters served from tensors (never read from disk)
 _PEFT_FIELDS = ("r", "lora_alpha", "target_modules", "bias", "use_rslora", "use_dora", "modules_to_save",
                 "rank_pattern", "alpha_pattern")
 
@@ -114,67 +118,8 @@ def import_vllm():
     _quiet_known_vllm_warnings()
     import vllm
 
+    compat.check_vllm_version(vllm.__version__)
     return vllm
-
-
-# -- worker-side hooks (run inside vLLM's worker through collective_rpc) -----------------------
-def _install_memory_adapters(worker: Any) -> bool:
-    """Let the worker's LoRA manager build adapters from tensors registered with
-    `_register_memory_adapter` (lora_path `vlrl-memory://ID`); False when this vLLM lacks the parts."""
-    manager = getattr(getattr(worker, "model_runner", None), "lora_manager", None)
-    needed = ("_load_adapter", "_adapter_manager", "_lora_model_cls", "lora_config", "vocab_size")
-    if manager is None or not all(hasattr(manager, n) for n in needed):
-        return False
-    if getattr(manager, "_vlrl_adapters", None) is not None:
-        return True
-    from vllm.lora.peft_helper import PEFTHelper
-
-    manager._vlrl_adapters = {}
-    load_from_disk = manager._load_adapter
-
-    def load_adapter(lora_request):
-        entry = manager._vlrl_adapters.get(lora_request.lora_int_id)
-        if entry is None:
-            return load_from_disk(lora_request)
-        tensors, config = entry
-        # What WorkerLoRAManager._load_adapter does after reading the files.
-        peft_helper = PEFTHelper.from_dict(
-            {**config, "vllm_max_position_embeddings": getattr(manager, "max_position_embeddings", None)}
-        )
-        peft_helper.validate_legal(manager.lora_config)
-        model = manager._adapter_manager.model
-        mapper = getattr(model, "hf_to_vllm_mapper", None)
-        if mapper is not None:
-            mapper = mapper.get_rename_mapper()
-        lora = manager._lora_model_cls.from_lora_tensors(
-            lora_model_id=lora_request.lora_int_id,
-            tensors=tensors,
-            peft_helper=peft_helper,
-            device="cpu",
-            dtype=manager.lora_config.lora_dtype,
-            model_vocab_size=manager.vocab_size,
-            weights_mapper=mapper,
-            skip_prefixes=getattr(model, "lora_skip_prefixes", None),
-        )
-        if not lora.loras:
-            raise ValueError("none of the adapter's tensors match a LoRA-capable module of the served model")
-        return lora
-
-    manager._load_adapter = load_adapter
-    return True
-
-
-def _register_memory_adapter(worker: Any, lora_id: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
-    """Hold the tensors of adapter `lora_id` for the hook above (next to the one being served)."""
-    adapters = worker.model_runner.lora_manager._vlrl_adapters
-    adapters[lora_id] = ({k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}, config)
-
-
-def _keep_memory_adapter(worker: Any, lora_id: int) -> None:
-    """Forget every held adapter but `lora_id` (called once it is loaded and served)."""
-    adapters = worker.model_runner.lora_manager._vlrl_adapters
-    for other in [k for k in adapters if k != lora_id]:
-        del adapters[other]
 
 
 class VLLMEngine(RolloutEngine):
@@ -254,12 +199,13 @@ class VLLMEngine(RolloutEngine):
                 raise VlrlError(f"vLLM could not start on {model_dir}: {first}") from exc
         self.startup_s = time.perf_counter() - start
         self._check_bad_words()
+        self.model_dir = str(model_dir)
+        self._vision_base: dict[str, torch.Tensor] | None = None  # base weights under the vision LoRA
         self.adapter_transport = adapter_transport
-        if adapter_transport == "memory" and not all(self.llm.collective_rpc(_install_memory_adapters)):
-            log.warning("this vLLM has no hook for in-memory LoRA loading; adapters go through a temporary directory")
-            self.adapter_transport = "disk"
-        log.info("vLLM engine up in %.1f s (%s, adapters by %s)", self.startup_s, "GPU" if use_gpu else "CPU",
-                 self.adapter_transport)
+        if adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
+            self._fall_back_to_files("this vLLM has no hook for in-memory LoRA loading")
+        log.info("vLLM %s engine up in %.1f s (%s, adapters by %s)", vllm.__version__, self.startup_s,
+                 "GPU" if use_gpu else "CPU", self.adapter_transport)
 
     def _check_bad_words(self) -> None:
         """vLLM bans `bad_words` by tokenizing them; each must be exactly its one special token."""
@@ -275,48 +221,97 @@ class VLLMEngine(RolloutEngine):
         return self._version
 
     def update_adapter(self, state: dict[str, torch.Tensor], version: int) -> float:
-        """Load these LoRA weights under a fresh adapter id; the previous adapter is dropped."""
-        from vllm.lora.request import LoRARequest
+        """Serve these LoRA weights from now on, under a fresh adapter id; the previous one is dropped.
 
+        The language-model half goes through vLLM's LoRA (in memory, or files when that fails);
+        the vision-tower half, which vLLM would silently ignore, is merged into the served vision
+        weights (`vllm_compat` explains both).
+        """
         start = time.perf_counter()
+        self.wake_up()  # a sleeping engine's weights and LoRA slots are not in GPU memory
+        language, vision = compat.split_adapter_state(state)
+        if vision or self._vision_base is not None:
+            # First: a weight reload drops vLLM's loaded adapters (0.32), so the LoRA comes after.
+            self._load_vision(vision, version)
+        lora_id = self._load_lora(language, version)
+        self._version = version
+        elapsed = time.perf_counter() - start
+        self.sync_times.append(elapsed)
+        log.info("vLLM adapter v%d loaded (id %d, %s%s) in %.3f s", version, lora_id, self.adapter_transport,
+                 ", vision tower merged" if vision else "", elapsed)
+        return elapsed
+
+    def _load_lora(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+        """Load the language-model LoRA under a fresh id; falls back from memory to files for good
+        when the in-memory path fails but the same adapter loads from files."""
         lora_id = self._next_lora_id
         self._next_lora_id += 1
-        name = f"vlrl-v{version}-{lora_id}"  # unique: vLLM keys adapters and prefix-cache blocks by name
-        if self.adapter_transport == "memory":
-            self.llm.collective_rpc(_register_memory_adapter, args=(lora_id, state, self.lora_config))
-            path = f"{_MEMORY_PREFIX}{lora_id}"
-        else:
-            path = str(self._write_adapter_dir(lora_id, state))
-        request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
-        engine = self.llm.llm_engine
         try:
-            # Loads now (so the time is the sync's); vLLM validates the new adapter before it
-            # evicts the served one, so a bad adapter leaves the previous version in service.
-            engine.add_lora(request)
+            self._add_lora(tensors, version, lora_id, self.adapter_transport)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise VlrlError(f"vLLM refused adapter version {version}: {first}") from exc
-        if self._lora_request is not None:
-            engine.remove_lora(self._lora_request.lora_int_id)  # usually evicted already (one slot)
-        self._lora_request = request
-        self._version = version
+            first = _first_line(exc)
+            if self.adapter_transport != "memory":
+                raise VlrlError(f"vLLM refused adapter version {version}: {first}") from exc
+            # Is it the hook (another vLLM's internals) or the adapter? Files decide.
+            lora_id = self._next_lora_id
+            self._next_lora_id += 1
+            try:
+                self._add_lora(tensors, version, lora_id, "disk")
+            except Exception as exc2:
+                raise VlrlError(f"vLLM refused adapter version {version}: {_first_line(exc2)}") from exc2
+            self._fall_back_to_files(f"loading adapter version {version} from memory failed ({first})")
         if self.adapter_transport == "memory":
-            self.llm.collective_rpc(_keep_memory_adapter, args=(lora_id,))
+            self.llm.collective_rpc(compat.keep_memory_adapter, args=(lora_id,))
         else:
             for old in self._adapter_dirs[:-1]:  # vLLM holds the loaded weights; old files are done
                 shutil.rmtree(old, ignore_errors=True)
             self._adapter_dirs = self._adapter_dirs[-1:]
-        elapsed = time.perf_counter() - start
-        self.sync_times.append(elapsed)
-        log.info("vLLM adapter v%d loaded (id %d, %s) in %.3f s", version, lora_id, self.adapter_transport, elapsed)
-        return elapsed
+        return lora_id
+
+    def _add_lora(self, tensors: dict[str, torch.Tensor], version: int, lora_id: int, transport: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        name = f"vlrl-v{version}-{lora_id}"  # unique: vLLM keys adapters and prefix-cache blocks by name
+        if transport == "memory":
+            self.llm.collective_rpc(compat.register_memory_adapter, args=(lora_id, tensors, self.lora_config))
+            path = f"{compat.MEMORY_PREFIX}{lora_id}"
+        else:
+            path = str(self._write_adapter_dir(lora_id, tensors))
+        request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+        # Loads now (so the time is the sync's); vLLM validates the new adapter before it evicts
+        # the served one, so a bad adapter leaves the previous version in service.
+        compat.add_lora_or_raise(self.llm, request)
+        if self._lora_request is not None:
+            self.llm.llm_engine.remove_lora(self._lora_request.lora_int_id)  # usually evicted already (one slot)
+        self._lora_request = request
+
+    def _fall_back_to_files(self, why: str) -> None:
+        where = compat.adapter_scratch_dir() or tempfile.gettempdir()
+        log.warning("%s; adapters now go through files in %s, a fresh id per version (transport: disk)", why, where)
+        self.adapter_transport = "disk"
+
+    def _load_vision(self, vision: dict[str, torch.Tensor], version: int) -> None:
+        """Merge the adapter's vision-tower LoRA into the served vision weights (see vllm_compat)."""
+        pairs = compat.vision_lora_pairs(vision)
+        if self._vision_base is None:
+            self._vision_base = compat.read_checkpoint_tensors(self.model_dir, set(pairs))
+        elif set(pairs) != set(self._vision_base):
+            raise VlrlError(f"adapter version {version} has LoRA on other vision modules than the previous one")
+        merged = compat.merged_vision_weights(self._vision_base, vision, self.lora_config)
+        try:
+            compat.reload_weights(self.llm, sorted(merged.items()))
+        except Exception as exc:
+            raise VlrlError(
+                f"this vLLM could not load the merged vision-tower weights of adapter version {version} "
+                f"({_first_line(exc)}); train without model.lora.include_vision or use rollout.engine=transformers"
+            ) from exc
 
     def _write_adapter_dir(self, lora_id: int, state: dict[str, torch.Tensor]) -> Path:
         """A PEFT adapter directory in a worker-local temporary folder (never shared storage)."""
         from safetensors.torch import save_file
 
         if self._tmp_root is None:
-            self._tmp_root = Path(tempfile.mkdtemp(prefix="vlrl-vllm-adapters-"))
+            self._tmp_root = Path(tempfile.mkdtemp(prefix="vlrl-vllm-adapters-", dir=compat.adapter_scratch_dir()))
         out = self._tmp_root / f"adapter-{lora_id}"
         out.mkdir()
         save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
@@ -410,14 +405,20 @@ class VLLMEngine(RolloutEngine):
 
 
 # Warnings vLLM prints at every start that say nothing actionable for us: one line per vision-tower
-# linear layer (LoRA is served on the language model only, by design), the CPU build's notes on
+# linear layer (vLLM's LoRA covers the language model only; the engine merges vision LoRA itself), the CPU build's notes on
 # thread binding (we restore torch.set_num_threads), the global seed (we restore the RNG states),
 # tcmalloc/iomp preloading, Triton and eager mode. Filters sit on the emitting module loggers,
 # because vLLM rebuilds its handlers when an engine starts.
-_VLLM_NOISE = ("PunicaWrapper", "set_num_threads", "LD_PRELOAD", "global random seed", "VLLM_DIST_IDENT",
+_VLLM_NOISE = ("PunicaWrapper", "Failed to load weights", "were not loaded from checkpoint", "Reloading", "set_num_threads", "LD_PRELOAD", "global random seed", "VLLM_DIST_IDENT",
                "SSM cache type", "Triton", "Enforce eager set", "Inductor compilation was disabled")
-_NOISY_LOGGERS = ("vllm.lora.model_manager", "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils",
+_NOISY_LOGGERS = ("vllm.lora.model_manager", "vllm.model_executor.model_loader.reload.layerwise",
+                  "vllm.model_executor.model_loader.reload.inplace", "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils",
                   "vllm.platforms.cpu", "vllm.platforms.interface", "vllm.config.vllm")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class _DropVllmNoise(logging.Filter):

@@ -315,6 +315,11 @@ class RayWorkerGroup:
         """Every engine loads the new adapter; the seconds of the slowest worker."""
         return max(self._call("sync_adapter", version))
 
+    def sync_info(self) -> dict[str, float]:
+        """How adapters reach the engines: a transport counts as in use when any worker uses it."""
+        infos = self._call("sync_info")
+        return {key: max(info.get(key, 0.0) for info in infos) for key in sorted({k for i in infos for k in i})}
+
     def save_adapter(self, out_dir: str | os.PathLike) -> Path:
         return self._call("save_adapter", _absolute(str(out_dir)))[0]
 

@@ -172,6 +172,7 @@ class GRPOTrainer:
             values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(1e-9, values["time/update_s"])
         self.step_idx += 1
         values["time/sync_s"] = self.worker.sync_adapter(self.step_idx)
+        values.update(self.worker.sync_info())  # vLLM: in memory or (after a fallback) through files
         values["throughput/rollout_tokens_per_s"] = stats.generated_tokens / max(1e-9, stats.generate_s)
         values["throughput/episodes_per_s"] = len(episodes) / max(1e-9, t_rollout)
         if c.train.eval_every and self.step_idx % c.train.eval_every == 0 and self.step_idx < c.train.steps:

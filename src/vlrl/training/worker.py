@@ -63,6 +63,39 @@ def worker_device(config: RunConfig) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+# Left free on the GPU beside the policy's weights and vLLM's share: the policy's activations during
+# rollouts' host work, NCCL buffers, allocator slack. The update runs while vLLM sleeps.
+POLICY_HEADROOM_BYTES = 4 << 30
+
+
+def vllm_memory_share(requested: float | str, free: int, total: int) -> float:
+    """The `gpu_memory_utilization` to start vLLM with, next to a policy already on the GPU
+    (`free`/`total`: bytes, from `torch.cuda.mem_get_info` after the policy is loaded).
+
+    vLLM claims that share of the GPU's TOTAL memory and refuses to start when less is free, so a
+    share that leaves no room for the policy is an error here, with both numbers, before vLLM
+    allocates anything. `auto`: everything free after the policy, less `POLICY_HEADROOM_BYTES`.
+    """
+    usable = free - POLICY_HEADROOM_BYTES
+    gib = 2**30
+    if requested == "auto":
+        share = usable / total
+        if share < 0.05:
+            raise VlrlError(
+                f"rollout.gpu_memory_utilization=auto: only {free / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB "
+                "are free after loading the policy; too little for a vLLM engine beside it"
+            )
+        return round(share, 3)
+    share = float(requested)
+    if share * total > usable:
+        raise VlrlError(
+            f"rollout.gpu_memory_utilization={share} asks vLLM for {share * total / gib:.1f} GiB of the GPU's "
+            f"{total / gib:.1f} GiB, but only {free / gib:.1f} GiB are free after loading the policy, "
+            f"{POLICY_HEADROOM_BYTES // gib} GiB of which stay with the policy; use at most {max(0.0, usable / total):.2f}, or auto"
+        )
+    return share
+
+
 class Worker:
     """Holds a LoRA policy (trainable, FSDP-sharded across workers) and a rollout engine that samples from it."""
 
@@ -125,12 +158,15 @@ class Worker:
             from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
 
             c = self.config
+            memory_share = 0.5  # unused on CPU (the KV cache is sized by rollout.kv_cache_memory_mb)
+            if c.runtime.use_gpu:
+                memory_share = vllm_memory_share(c.rollout.gpu_memory_utilization, *torch.cuda.mem_get_info(self.device))
             engine = VLLMEngine(
                 self.model_dir, self.processor.tokenizer, self.suppress,
                 eos_token_id=self.chat.eos_id, lora_config=vllm_lora_config(self.model),
                 dtype=c.model.dtype, max_model_len=c.rollout.max_model_len, max_images=c.env.max_turns,
                 max_num_seqs=c.rollout.batch_size, kv_cache_memory_mb=c.rollout.kv_cache_memory_mb,
-                gpu_memory_utilization=c.rollout.gpu_memory_utilization, use_gpu=c.runtime.use_gpu, seed=c.train.seed,
+                gpu_memory_utilization=memory_share, use_gpu=c.runtime.use_gpu, seed=c.train.seed,
             )
             engine.update_adapter(distributed.gather_adapter_state(self.model), 0)
             return engine
@@ -186,6 +222,13 @@ class Worker:
         state = {} if getattr(self.engine, "shares_policy", False) else self.adapter_state()
         self.engine.update_adapter(state, version)
         return time.perf_counter() - start
+
+    def sync_info(self) -> dict[str, float]:
+        """How adapters reach this worker's engine, as step-record values (empty when it shares the policy)."""
+        transport = getattr(self.engine, "adapter_transport", None)
+        if transport is None:
+            return {}
+        return {"sync/transport_memory": float(transport == "memory"), "sync/transport_disk": float(transport == "disk")}
 
     def save_adapter(self, out_dir: str | os.PathLike) -> Path:
         """Write the adapter directory (rank 0 writes; every worker of a group must call it)."""
