@@ -61,11 +61,15 @@ class BenchSettings:
     lr: float = 1e-5
     warmup: int = 1
     steps: int = 3
-    fast_decode: str = "auto"  # rollout engine path: auto | on | off
+    engine: str = "transformers"  # vlrl's rollout engine: transformers | vllm
+    model_dir: str = ""  # vllm: where a preset is saved for vLLM to load (default /tmp/vlrl-bench-<preset>)
+    gpu_memory_utilization: str = "0.35"  # vllm engine (and TRL's colocated vLLM): share of the GPU, or auto
+    fast_decode: str = "auto"  # transformers engine path: auto | on | off
     compile_decode: bool = False
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time
     compare: list[str] = field(default_factory=list)  # "trl"
     trl_only: bool = False  # run TRL's side alone (e.g. on another GPU at the same time; see --merge)
+    trl_vllm: bool = False  # TRL generates with vLLM (use_vllm=True, vllm_mode="colocate") instead of transformers
     seed: int = 0
 
     def resolved_device(self) -> torch.device:
@@ -191,6 +195,8 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     device = settings.resolved_device()
     config = reference_config(settings)
     t0 = time.perf_counter()
+    if settings.engine == "vllm":  # vLLM loads from a directory: save the preset once, load both from it
+        settings = dataclasses.replace(settings, model=str(saved_model_dir(settings)))
     base, processor = build_model(settings, device)
     build_s = time.perf_counter() - t0
     model = apply_lora(base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed)
@@ -202,11 +208,15 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     pad_id = tokenizer.pad_token_id
     total_steps = settings.warmup + settings.steps
     policy = Policy(model, config, suppress, pad_id, total_optimizer_steps=total_steps)
-    engine = TransformersEngine(
-        model, tokenizer, suppress, eos_token_id=chat.eos_id, pad_token_id=pad_id,
-        batch_size=config.rollout.batch_size, shares_policy=True,
-        fast_decode={"on": True, "off": False}.get(settings.fast_decode, "auto"), compile_decode=settings.compile_decode, ignore_eos=True,
-    )
+    memory_log: dict[str, float] = {}
+    if settings.engine == "vllm":
+        engine = make_vllm_engine(settings, model, processor, chat, suppress, memory_log)
+    else:
+        engine = TransformersEngine(
+            model, tokenizer, suppress, eos_token_id=chat.eos_id, pad_token_id=pad_id,
+            batch_size=config.rollout.batch_size, shares_policy=True,
+            fast_decode={"on": True, "off": False}.get(settings.fast_decode, "auto"), compile_decode=settings.compile_decode, ignore_eos=True,
+        )
     phases: dict[str, float] = {}
     policy.score_no_grad = _timed(policy.score_no_grad, phases, "old_logprobs_s", device)
     policy._optimizer_step = _timed(policy._optimizer_step, phases, "train_s", device)
@@ -228,11 +238,22 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
         t_rollout = time.perf_counter()
         rewards = torch.tensor([[e.reward for e in episodes[g * settings.samples : (g + 1) * settings.samples]] for g in range(n)])
         advantages = group_advantages(rewards).flatten().tolist()
+        free_awake = _free_bytes(device)
         engine.sleep()
+        free_asleep = _free_bytes(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         update = policy.update(episodes, advantages, seed=step)
         _sync(device)
         t_update = time.perf_counter()
-        sync_s = engine.update_adapter({}, step + 1)
+        if device.type == "cuda":
+            memory_log["update_peak_allocated_gib"] = max(memory_log.get("update_peak_allocated_gib", 0.0),
+                                                          torch.cuda.max_memory_allocated(device) / 2**30)
+        memory_log["sleep_freed_gib"] = (free_asleep - free_awake) / 2**30
+        # A separate engine (vLLM) receives the adapter as CPU tensors; a shared one only a version bump.
+        sync_s = engine.update_adapter(adapter_state_dict(model) if not engine_shares(engine) else {}, step + 1)
+        if settings.engine == "vllm" and device.type == "cuda":
+            memory_log["free_after_wake_gib"] = _free_bytes(device) / 2**30
         t_end = time.perf_counter()
         row = {
             "step_s": t_end - t_start, "rollout_s": t_rollout - t_start, "generate_s": stats.generate_s,
@@ -242,7 +263,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
             "prompt_tokens": float(sum(len(e.sequence) - e.response_tokens for e in episodes) / len(episodes)),
             "reward_mean": float(rewards.mean()), "loss": float(update.get("loss", 0.0)),
             # old_logprobs_s is 0 when the update is on-policy (one optimizer step: no separate pass)
-            **{k: v for k, v in engine.timings.items()}, "old_logprobs_s": 0.0, **phases,
+            **dict(getattr(engine, "timings", {})), "old_logprobs_s": 0.0, **phases,
         }
         rows.append(row)
         print(f"[vlrl] step {step} ({'warm-up' if step < settings.warmup else 'measured'}): "
@@ -264,7 +285,8 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     engine.ignore_eos = True
 
     # What a separate engine copy (W > 1 workers) pays to receive the adapter: a GPU->CPU copy of
-    # the LoRA tensors and an in-place load (the all-gather across workers comes on top).
+    # the LoRA tensors and an in-place load (the all-gather across workers comes on top). With the
+    # vLLM engine the step's own sync_s is already that (GPU->CPU copy + load into vLLM).
     _sync(device)
     t0 = time.perf_counter()
     state = adapter_state_dict(model)
@@ -289,7 +311,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
         tokens = sum(len(c.token_ids) for per in out for c in per)
         sweep[str(prompts_needed * settings.samples)] = {
             "first_s": times[0], "s": times[1], "tokens": tokens, "tokens_per_s": tokens / times[1],
-            **{k: v for k, v in engine.timings.items()},
+            **dict(getattr(engine, "timings", {})),
         }
         print(f"[vlrl] rollout only, batch {prompts_needed * settings.samples}: {tokens / times[1]:,.0f} tok/s", flush=True)
 
@@ -298,16 +320,86 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     summary.update(adapter_sync_copy_s=copy_sync_s, adapter_mib=adapter_mib,
                    logprob_diff_mean=float(diff.mean()), logprob_diff_max=float(diff.max()))
     fast = any("decode_s" in r for r in rows)
+    if settings.engine == "vllm":
+        import vllm
+
+        path = f"vLLM {vllm.__version__} (adapters by {engine.adapter_transport}, start-up {engine.startup_s:.0f} s)"
+    elif fast:
+        path = "static-cache decoder, CUDA graphs" if device.type == "cuda" else "static-cache decoder, eager"
+    else:
+        path = "transformers generate"
+    summary.update(memory_log)
     result = {
-        "engine_path": ("static-cache decoder, CUDA graphs" if device.type == "cuda" else "static-cache decoder, eager")
-        if fast else "transformers generate",
+        "engine_path": path,
         "build_s": build_s, "summary": summary, "steps": rows, "decode_sweep": sweep, "memory": _memory(device),
         "parameters": sum(p.numel() for p in model.parameters()),
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
+    if settings.engine == "vllm":
+        engine.close()
     del engine, policy, model, base
     _release(device)
     return result
+
+
+def engine_shares(engine) -> bool:
+    return bool(getattr(engine, "shares_policy", False))
+
+
+def _free_bytes(device: torch.device) -> int:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+
+
+def saved_model_dir(settings: BenchSettings) -> Path:
+    """A directory holding the model (vLLM loads from files): the model itself, or the preset saved once."""
+    if Path(settings.model).is_dir():
+        return Path(settings.model)
+    path = Path(settings.model_dir or f"/tmp/vlrl-bench-{settings.model}")
+    if not (path / "config.json").is_file():
+        from vlrl.models.tiny import TINY_SPECS, _save_processor_files, build_tokenizer
+
+        model, _ = build_model(settings, settings.resolved_device())
+        tmp = path.with_name(f".{path.name}.tmp")
+        model.save_pretrained(str(tmp))
+        spec = TINY_SPECS[settings.model]
+        _save_processor_files(tmp, spec, build_tokenizer(spec.tokenizer_vocab))
+        tmp.rename(path)
+        del model
+        _release(settings.resolved_device())
+    return path
+
+
+def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, memory_log: dict[str, float]):
+    """vlrl's vLLM engine beside the policy on the same device, sized as `vlrl train` sizes it."""
+    from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
+    from vlrl.training.worker import vllm_memory_share
+
+    device = settings.resolved_device()
+    cuda = device.type == "cuda"
+    share = 0.5
+    if cuda:
+        requested = settings.gpu_memory_utilization
+        share = vllm_memory_share(requested if requested == "auto" else float(requested), *torch.cuda.mem_get_info(device))
+        memory_log["vllm_share"] = share
+    rows = max([settings.prompts * settings.samples, *settings.decode_sweep])
+    engine = VLLMEngine(
+        settings.model, processor.tokenizer, suppress, eos_token_id=chat.eos_id, lora_config=vllm_lora_config(model),
+        dtype=settings.dtype, max_model_len=1024, max_images=1, max_num_seqs=rows, kv_cache_memory_mb=256,
+        gpu_memory_utilization=share, use_gpu=cuda, seed=settings.seed,
+        extra_args={"compilation_config": {"cudagraph_capture_sizes": sorted({1, 8, 16, 32, 64, 128, rows} | set(settings.decode_sweep))}}
+        if cuda else None,
+    )
+    engine.ignore_eos = True  # forced length, as the transformers engine runs the workload
+    engine.update_adapter(adapter_state_dict_of(model), 0)
+    if cuda:
+        memory_log["free_after_vllm_start_gib"] = torch.cuda.mem_get_info(device)[0] / 2**30
+    return engine
+
+
+def adapter_state_dict_of(model):
+    from vlrl.models.lora import adapter_state_dict
+
+    return adapter_state_dict(model)
 
 
 def _first_observation(env_config, task):
@@ -334,7 +426,8 @@ def _summary(rows: list[dict[str, float]], settings: BenchSettings) -> dict[str,
 
 
 def run_trl(settings: BenchSettings) -> dict[str, Any]:
-    """The same workload through TRL's GRPOTrainer (transformers generation, no vLLM)."""
+    """The same workload through TRL's GRPOTrainer: transformers generation, or (`trl_vllm`) its
+    colocated vLLM engine."""
     try:
         import trl
         from peft import LoraConfig
@@ -352,6 +445,8 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     device = settings.resolved_device()
     config = reference_config(settings)
     t0 = time.perf_counter()
+    if settings.trl_vllm:  # TRL's vLLM loads the model from its directory (model.name_or_path)
+        settings = dataclasses.replace(settings, model=str(saved_model_dir(settings)))
     model, processor = build_model(settings, device)
     build_s = time.perf_counter() - t0
     _release(device)
@@ -388,7 +483,8 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
             per_device_train_batch_size=micro, gradient_accumulation_steps=completions // micro,
             num_generations=settings.samples, max_completion_length=settings.new_tokens,
             # Force the length (as vlrl's run) and never sample vision placeholders (a random model would).
-            generation_kwargs={"min_new_tokens": settings.new_tokens, "suppress_tokens": vision_special_token_ids(processor)},
+            generation_kwargs=trl_generation_kwargs(settings, processor),
+            **trl_vllm_args(settings),
             temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
             learning_rate=settings.lr, max_steps=total_steps, seed=settings.seed, shuffle_dataset=False,
             # Memory is plentiful: no activation recomputation (TRL's default is on), as vlrl runs.
@@ -428,7 +524,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     measured = rows[settings.warmup :] or rows
     step_s = _mean(measured, "step_s")
     result = {
-        "version": trl.__version__, "build_s": build_s, "steps": rows,
+        "version": trl.__version__ + (" + vLLM colocate" if settings.trl_vllm else ""), "build_s": build_s, "steps": rows,
         "summary": {
             "step_s": step_s, "generate_s": _mean(measured, "generate_s"), "rest_s": _mean(measured, "rest_s"),
             "completions_per_s": completions / step_s if step_s else 0.0,
@@ -439,6 +535,30 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     del trainer, model
     _release(device)
     return result
+
+
+def trl_generation_kwargs(settings: BenchSettings, processor) -> dict[str, Any]:
+    """Force the length (as vlrl's run) and never sample vision placeholders (a random model would).
+
+    transformers' generate takes `min_new_tokens` / `suppress_tokens`; vLLM's SamplingParams
+    `min_tokens` / `allowed_token_ids` (every id of the tokenizer but the vision special tokens).
+    """
+    from vlrl.models.loading import vision_special_token_ids
+
+    banned = set(vision_special_token_ids(processor))
+    if settings.trl_vllm:
+        allowed = [i for i in range(len(processor.tokenizer)) if i not in banned]
+        return {"min_tokens": settings.new_tokens, "allowed_token_ids": allowed}
+    return {"min_new_tokens": settings.new_tokens, "suppress_tokens": sorted(banned)}
+
+
+def trl_vllm_args(settings: BenchSettings) -> dict[str, Any]:
+    """GRPOConfig fields for TRL's colocated vLLM (what TRL users run), or none."""
+    if not settings.trl_vllm:
+        return {}
+    share = 0.3 if settings.gpu_memory_utilization == "auto" else float(settings.gpu_memory_utilization)
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": share,
+            "vllm_max_model_length": 1024, "vllm_enable_sleep_mode": False}
 
 
 def _dataset(rows: list[dict[str, Any]]):
@@ -535,7 +655,7 @@ def format_table(result: dict[str, Any]) -> str:
     row("completions / s", "completions_per_s")
     row("rollout tokens / s", "rollout_tokens_per_s", "{:,.0f}")
     row("training tokens / s", "train_tokens_per_s", "{:,.0f}")
-    row("adapter sync s (shared module)", "sync_s", "{:.4f}")
+    row("adapter sync s (this engine)", "sync_s", "{:.4f}")
     row("adapter sync s (separate copy)", "adapter_sync_copy_s", "{:.3f}")
     row("engine-policy log-prob |diff| mean", "logprob_diff_mean", "{:.2e}")
     lines.append("phases (s)")
@@ -550,6 +670,10 @@ def format_table(result: dict[str, Any]) -> str:
     row("    old log-probs", "old_logprobs_s", "{:.3f}")
     row("    fwd + bwd + AdamW", "train_s", "{:.3f}")
     row("peak GPU memory GiB (allocated)", "peak_allocated_gib", "{:.1f}", where="memory")
+    row("vLLM share of the GPU", "vllm_share", "{:.3f}")
+    row("GPU free after vLLM start GiB", "free_after_vllm_start_gib", "{:.1f}")
+    row("GPU memory freed by sleep GiB", "sleep_freed_gib", "{:.1f}")
+    row("update peak allocated GiB", "update_peak_allocated_gib", "{:.1f}")
     if "vlrl" in result:
         for batch, figures in result["vlrl"]["decode_sweep"].items():
             lines.append(f"{f'rollout only, batch {batch}: tok/s':<36}{figures['tokens_per_s']:>16,.0f}")

@@ -62,6 +62,9 @@ def bench(
     cell_px: int = typer.Option(45, "--cell-px", min=4, help="Pixels per cell (5 x 45 = 225 px)."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Steps run first and not counted."),
     steps: int = typer.Option(3, "--steps", min=1, help="Measured steps."),
+    engine: str = typer.Option("transformers", "--engine", help="vlrl's rollout engine: transformers | vllm (colocated, asleep during the update)."),
+    gpu_memory_utilization: str = typer.Option("0.35", "--gpu-memory-utilization", help="vllm (and TRL's colocated vLLM): share of the GPU, or auto."),
+    trl_vllm: bool = typer.Option(False, "--trl-vllm", help="With --compare trl: TRL generates with its colocated vLLM (use_vllm=True, vllm_mode=colocate)."),
     fast_decode: str = typer.Option("auto", "--fast-decode", help="Rollout path: auto (static-cache decoder on CUDA) | on | off (transformers generate)."),
     compile_decode: bool = typer.Option(False, "--compile-decode", help="Also torch.compile the decode step (CUDA)."),
     decode_sweep: str = typer.Option("", "--decode-sweep", help="Also time rollouts alone at these batch sizes, e.g. 64,256."),
@@ -72,8 +75,11 @@ def bench(
     """Time GRPO steps of the reference workload (issue 10) and print s/step, throughputs, phases and memory.
 
     Example (one GPU): vlrl bench --compare trl --decode-sweep 64,256 -o bench.json
+    Example (one GPU, vLLM on both sides): vlrl bench --engine vllm --compare trl --trl-vllm --decode-sweep 64,256
     Example (CPU smoke): vlrl bench --model ci --device cpu --dtype float32 --prompts 2 --samples 2 --new-tokens 8 --cell-px 16 --maze-size 3
     """
+    if engine not in ("transformers", "vllm"):
+        raise VlrlError(f"--engine {engine!r}: use transformers or vllm")
     if fast_decode not in ("auto", "on", "off"):
         raise VlrlError(f"--fast-decode {fast_decode!r}: use auto, on or off")
     targets = [c for c in compare.split(",") if c.strip()]
@@ -85,6 +91,7 @@ def bench(
         micro_batch=micro_batch, lora_rank=lora_rank, lora_alpha=2.0 * lora_rank, maze_size=maze_size, cell_px=cell_px,
         warmup=warmup, steps=steps, fast_decode=fast_decode, compile_decode=compile_decode,
         decode_sweep=_ints(decode_sweep, "--decode-sweep"), compare=targets, seed=seed,
+        engine=engine, gpu_memory_utilization=gpu_memory_utilization, trl_vllm=trl_vllm,
     )
     result = harness.run(settings)
     typer.echo(harness.format_table(result))

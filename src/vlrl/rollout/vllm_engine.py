@@ -145,6 +145,7 @@ class VLLMEngine(RolloutEngine):
         use_gpu: bool = False,
         seed: int = 0,
         adapter_transport: str = "memory",
+        extra_args: dict[str, Any] | None = None,
     ):
         try:
             vllm = import_vllm()
@@ -169,6 +170,7 @@ class VLLMEngine(RolloutEngine):
         self._adapter_dirs: list[Path] = []
         self._tmp_root: Path | None = None
         self.sync_times: list[float] = []  # seconds per update_adapter, in order
+        self.ignore_eos = False  # benchmarks force every completion to its full length
 
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),
@@ -190,6 +192,7 @@ class VLLMEngine(RolloutEngine):
         else:
             # The CPU backend must be told its KV-cache size; CUDA graphs do not exist there.
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_memory_mb) << 20, enforce_eager=True)
+        kwargs.update(extra_args or {})  # e.g. compilation_config for a benchmark's CUDA-graph sizes
         start = time.perf_counter()
         with _preserve_process_state():
             try:
@@ -356,7 +359,8 @@ class VLLMEngine(RolloutEngine):
             top_p=1.0 if params.greedy else params.top_p,
             top_k=0,
             max_tokens=params.max_new_tokens,
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=[] if self.ignore_eos else [self.eos_id],
+            ignore_eos=self.ignore_eos,
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,
             bad_words=self.bad_words or None,
