@@ -198,8 +198,7 @@ class VLLMEngine(RolloutEngine):
             try:
                 self.llm = vllm.LLM(**kwargs)
             except Exception as exc:  # vLLM raises many types; the first line says what is wrong
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise VlrlError(f"vLLM could not start on {model_dir}: {first}") from exc
+                raise VlrlError(f"vLLM could not start on {model_dir}: {_first_line(exc)}") from exc
         self.startup_s = time.perf_counter() - start
         self._check_bad_words()
         self.model_dir = str(model_dir)
@@ -421,6 +420,13 @@ _NOISY_LOGGERS = ("vllm.lora.model_manager", "vllm.model_executor.model_loader.r
 
 
 def _first_line(exc: BaseException) -> str:
+    """The line of an exception that says what is wrong (for pydantic's errors: the first message)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # pydantic ValidationError: "1 validation error for ..." says nothing
+        try:
+            return str(errors()[0].get("msg", "")).split(". ")[0] or type(exc).__name__
+        except Exception:
+            pass
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

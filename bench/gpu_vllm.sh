@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The vLLM engine on one H200 (issue 16): correctness checks, a short training run, and the GRPO
+# benchmark with vLLM rollouts side by side with TRL + its colocated vLLM. Every phase has its own
+# time limit and writes what it measured to $OUT, so a phase that fails or runs long costs only itself.
+#
+# Here, once (CPU machine, checkout root):
+#   ../shared/tools/vllm-gpu-bundle        # .vg0 .vg1 .vg2 (parts of vLLM 0.24.0) and .vg/setup.sh
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#     trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19       # TRL, for `bench`
+# There, back to back while the machine stays warm (it keeps /tmp for 30 s after a call):
+#   run(carry=[".vg0"], command="bash .vg0/stash.sh")   # likewise .vg1, .vg2
+#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh checks")     # checks + 5-step train
+#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh bench")      # 8B-shape step: vlrl+vLLM, TRL+vLLM
+#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh extra")      # update memory (issue 17), serving
+set -uo pipefail
+MODE=${1:-checks}
+OUT=${OUT:-/tmp/gpu-vllm}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_vllm-$MODE.log") 2>&1
+T0=$(date +%s)
+stamp() { echo "== [$(($(date +%s) - T0)) s] $*"; }
+
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false VLLM_LOGGING_LEVEL=WARNING
+stamp "$MODE $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+bash .vg/setup.sh || { echo "vLLM bundle missing: stash .vg0-.vg2 first"; exit 1; }
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/vllm-site:/tmp/site:$PWD/src
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+
+TINY=/tmp/tiny-ci
+M8B=/tmp/m8b
+case "$MODE" in
+checks)
+  stamp "engine checks (bf16, vision-tower LoRA)"
+  timeout 300 python3 bench/gpu_vllm_checks.py --model-dir $TINY --out "$OUT/checks.json"
+  echo "checks exit $?"
+  # The tiny model's context is 4096 tokens: 16 px blocks (144 px, 81 image tokens a turn) fit 18 turns.
+  stamp "5-step train, 9x9 block maze (reference task shape), vLLM rollouts, one GPU"
+  rm -rf /tmp/runs/maze9-vllm
+  timeout 240 python3 -m vlrl.cli train configs/ci-tiny.yaml model.path=$TINY env.layout=blocks 'env.sizes=[9]' \
+    env.cell_px=16 env.placement=corners env.max_turns=18 env.stop_required=true env.rewards.progress=0.0 \
+    rollout.engine=vllm rollout.max_model_len=4096 rollout.max_new_tokens=16 rollout.gpu_memory_utilization=0.3 \
+    runtime.backend=local runtime.use_gpu=true model.dtype=bfloat16 model.lora.include_vision=true \
+    train.steps=5 train.eval_tasks=8 storage.root=/tmp/runs storage.run_name=maze9-vllm --quiet
+  echo "train exit $?"
+  cp /tmp/runs/maze9-vllm/metrics.jsonl "$OUT/train_maze9_vllm_metrics.jsonl" 2>/dev/null
+  ;;
+bench)
+  stamp "vlrl, vLLM engine colocated (8B shape)"
+  timeout 330 python3 bench/grpo_bench.py --engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 \
+    --decode-sweep 64,256 --gpu-memory-utilization 0.35 --out "$OUT/vlrl_vllm.json"
+  stamp "TRL GRPOTrainer + colocated vLLM, same workload, same GPU"
+  timeout 260 python3 bench/grpo_bench.py --trl-only --trl-vllm --model $M8B --warmup 1 --steps 2 \
+    --gpu-memory-utilization 0.3 --out "$OUT/trl_vllm.json"
+  [ -f "$OUT/vlrl_vllm.json" ] && [ -f "$OUT/trl_vllm.json" ] && \
+    python3 bench/grpo_bench.py --merge "$OUT/vlrl_vllm.json" "$OUT/trl_vllm.json" --out "$OUT/side_by_side.json"
+  ;;
+extra)
+  if [ -f bench/update_memory.py ]; then
+    stamp "update memory, 8B shape (issue 17)"
+    timeout 300 python3 bench/update_memory.py --out "$OUT/update_memory.json"
+  fi
+  stamp "serving: vlrl serve on the GPU, 32 and 128 clients, a swap in the middle"
+  for c in 32 128; do
+    timeout 150 python3 bench/serve_load.py --make-tiny /tmp/serve-bench --clients $c --duration 20 \
+      --json "$OUT/serve_load_$c.json"
+  done
+  ;;
+esac
+stamp "done ($MODE)"
