@@ -11,10 +11,11 @@ beyond its public `LLM` API, each chosen by feature detection, never by version 
   offers. When the hook cannot be installed, or a load through it fails, the engine falls back
   to adapter files (in /dev/shm where it exists) under a fresh id per version — see
   `VLLMEngine.update_adapter`.
-- **Vision-tower LoRA** (`reload_weights`): vLLM applies LoRA to the language model only and
+- **Vision-tower LoRA** (`load_vision_weights`): vLLM applies LoRA to the language model only and
   silently ignores adapter tensors on the vision tower (vllm-project/vllm#32541). The engine merges
-  the vision half of the adapter into the base weights itself (W + scale * B @ A) and loads those
-  through the worker's in-place `reload_weights` (HF checkpoint names, mapped by the model class).
+  the vision half of the adapter into the base weights itself (W + scale * B @ A) and copies those
+  into the served parameters in place, or, where the backend has repacked them (CPU), through the
+  worker's `reload_weights` (HF checkpoint names, mapped by the model class).
 - **The version check** (`check_vllm_version`): outside the supported range, one error line
   naming both; `VLRL_ALLOW_UNSUPPORTED_VLLM=1` turns it into a warning for people trying a newer vLLM.
 
@@ -144,21 +145,49 @@ def read_checkpoint_tensors(model_dir: str | os.PathLike, names: set[str]) -> di
     return found
 
 
-def reload_weights(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    """Load these full tensors (checkpoint names) into the served model, in place.
+def load_vision_weights(llm: Any, weights: list[tuple[str, torch.Tensor]]) -> str:
+    """Load these full tensors (checkpoint names) into the served model, in place; returns how.
 
-    Through the worker's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` (0.24
-    and 0.32 alike): it runs each touched layer's weight post-processing again (the CPU backend
-    repacks linear weights) and empties the worker's encoder cache; the scheduler's record of it and
-    the prefix cache are emptied next, so no image embedding of the old vision weights is reused. In place matters: CUDA graphs captured at
-    start-up keep pointing at the same storage. 0.32 also drops every loaded LoRA adapter here, so
-    the caller loads the language-model adapter afterwards.
+    `copy`: where every target parameter still has the checkpoint's shape (GPU, unquantized),
+    a plain in-place copy — CUDA graphs captured at start-up keep pointing at the same storage.
+    `reload`: otherwise (the CPU backend repacks linear weights into its own layout), the worker's
+    `reload_weights(weights_iterator=..., is_checkpoint_format=True)`, which runs each touched
+    layer's post-processing again. (On vLLM 0.24 with CUDA, repeated partial reloads gave NaN
+    log-probs every second time — seen on an H200 — so the copy is preferred wherever it applies.)
+    Either way the encoder caches (worker and scheduler) and the prefix cache are emptied after,
+    so no image embedding of the old vision weights is reused. A reload drops vLLM's loaded LoRA
+    adapters (0.32), so the caller loads the language-model adapter afterwards.
     """
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
-    # The scheduler keeps its own record of cached image embeddings: without this it would skip
-    # the vision encoder for images it has seen and the worker (whose cache was emptied) would miss.
+    if all(not missed for missed in llm.collective_rpc(copy_weights_in_place, args=(weights,))):
+        how = "copy"
+    else:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        how = "reload"
     llm.llm_engine.reset_encoder_cache()
     llm.reset_prefix_cache()  # KV blocks computed from the old image embeddings
+    return how
+
+
+def copy_weights_in_place(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Worker side: copy checkpoint tensors into the served parameters when every one maps to a
+    parameter of the same shape; otherwise copy nothing and return the names that do not fit."""
+    model = worker.model_runner.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    map_name = getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None) or (lambda key: key)
+    params = dict(model.named_parameters())
+    plan, misfits = [], []
+    for name, tensor in weights:
+        target = params.get(map_name(name) or "")
+        if target is None or tuple(target.shape) != tuple(tensor.shape):
+            misfits.append(name)
+        else:
+            plan.append((target, tensor))
+    if misfits:
+        return misfits
+    with torch.no_grad():
+        for target, tensor in plan:
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+    return []
 
 
 # -- in-memory LoRA loading (worker side) ------------------------------------------------------

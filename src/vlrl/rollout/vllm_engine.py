@@ -203,6 +203,7 @@ class VLLMEngine(RolloutEngine):
         self._check_bad_words()
         self.model_dir = str(model_dir)
         self._vision_base: dict[str, torch.Tensor] | None = None  # base weights under the vision LoRA
+        self.vision_load = ""  # how merged vision weights went in: copy | reload (vllm_compat.load_vision_weights)
         self.adapter_transport = adapter_transport
         if adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
             self._fall_back_to_files("this vLLM has no hook for in-memory LoRA loading")
@@ -301,7 +302,7 @@ class VLLMEngine(RolloutEngine):
             raise VlrlError(f"adapter version {version} has LoRA on other vision modules than the previous one")
         merged = compat.merged_vision_weights(self._vision_base, vision, self.lora_config)
         try:
-            compat.reload_weights(self.llm, sorted(merged.items()))
+            self.vision_load = compat.load_vision_weights(self.llm, sorted(merged.items()))
         except Exception as exc:
             raise VlrlError(
                 f"this vLLM could not load the merged vision-tower weights of adapter version {version} "
