@@ -106,5 +106,7 @@ def test_cli_refuses_then_allows_a_promotion_and_history_names_the_identities(gu
     assert isinstance(refused.exception, VlrlError) and "two-person rule: abe registered" in str(refused.exception)
     allowed = vlrl("ann", "promote", name, "1", "--to", "production", "--reason", "second pair of eyes")
     assert allowed.exit_code == 0 and "is now in production" in allowed.output, allowed.output
+    print("".join(line + "\n" for line in as_("abe").audit_path.read_text().splitlines()))  # the evidence, with `pytest -s`
     shown = runner.invoke(app, ["registry", "history", name, "--uri", str(as_("abe").uri)], terminal_width=200)
+    print(shown.output)
     assert "abe (approver)" in shown.output and "ann (approver)" in shown.output and "two-person rule" in shown.output
