@@ -85,3 +85,25 @@ def test_an_unknown_token_file_names_no_identity(tmp_path, access_dir):
     stranger = access_dir({"eve": "admin"}, name="other")["eve"]
     with pytest.raises(VlrlError, match="belongs to no identity"):
         identity_from_file(tmp_path / "access", stranger)
+
+
+def test_a_directory_may_hold_only_digests_as_sha256sum_prints_them(tmp_path, access_dir):
+    import subprocess
+
+    files = access_dir({"ann": "trainer", "bob": "approver"})
+    directory = tmp_path / "access"
+    for name, path in files.items():  # the documented command, run by the shell
+        digest = subprocess.run(["sh", "-c", f'printf %s "$(cat {path})" | sha256sum | cut -d" " -f1'],
+                                capture_output=True, text=True, check=True).stdout
+        (directory / f"{name}.sha256").write_text(digest)
+        path.rename(tmp_path / path.name)  # the token leaves the shared directory with its owner
+    ids = Identities.from_dir(directory)
+    assert ids.identify((tmp_path / "bob.token").read_text().strip()) == Identity("bob", "approver")
+    assert identity_from_file(directory, tmp_path / "ann.token") == Identity("ann", "trainer")
+    (directory / "ann.sha256").write_text("not-a-digest\n")
+    with pytest.raises(VlrlError, match="must hold the token's SHA-256 as 64 hex digits"):
+        Identities.from_dir(directory)
+    (directory / "ann.sha256").unlink()
+    (tmp_path / "bob.token").rename(directory / "bob.token")
+    with pytest.raises(VlrlError, match="identity bob has both"):
+        Identities.from_dir(directory)

@@ -5,7 +5,7 @@ Kubernetes Secret, or a folder on a workstation):
 
     access/
       alice.token     the token of identity `alice` (one line; mode 0600 or 0400/0440)
-      bob.token
+      bob.sha256      or only its SHA-256 (64 hex digits): the directory then holds no secret
       roles.yaml      alice: trainer
                       bob: approver
 
@@ -17,6 +17,10 @@ includes the rights of the ones before it:
     trainer   + register adapters in the registry
     approver  + promote and roll back registry versions; swap, roll back, load, unload adapters
     admin     + everything else (any other mutating path of the server; the single-key mode)
+
+Tokens are compared by SHA-256, so a shared access directory (the registry's, read by every
+user of the registry) should hold `NAME.sha256` files, and each token stays with its owner:
+`printf %s "$(cat alice.token)" | sha256sum | cut -d' ' -f1 > access/alice.sha256`.
 
 Token files are checked like SSH keys: a missing, empty, or world-readable/writable file is
 refused with one line. Group-readable is allowed, because Kubernetes mounts a Secret as
@@ -38,6 +42,7 @@ from vlrl.errors import VlrlError
 
 ROLES = ("viewer", "trainer", "approver", "admin")  # each includes the rights of the ones before it
 TOKEN_SUFFIX = ".token"
+DIGEST_SUFFIX = ".sha256"
 ROLES_FILE = "roles.yaml"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
 
@@ -93,6 +98,18 @@ def _digest(token: str | bytes) -> bytes:
     return hashlib.sha256(token.encode() if isinstance(token, str) else token).digest()
 
 
+def read_digest_file(path: Path) -> bytes:
+    """The SHA-256 in a NAME.sha256 file (64 hex digits, as `sha256sum` prints it)."""
+    try:
+        text = path.read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VlrlError(f"cannot read {path}: {exc}") from None
+    if not text or not re.fullmatch(r"[0-9a-fA-F]{64}", text[0]):
+        raise VlrlError(f"{path} must hold the token's SHA-256 as 64 hex digits "
+                        "(printf %s \"$(cat NAME.token)\" | sha256sum)")
+    return bytes.fromhex(text[0])
+
+
 def read_roles(path: str | Path) -> dict[str, str]:
     """roles.yaml: {identity: role}; unknown roles and bad names are one-line errors."""
     path = Path(path)
@@ -125,25 +142,34 @@ class Identities:
 
     @classmethod
     def from_dir(cls, directory: str | Path, roles_file: str | Path | None = None) -> "Identities":
-        """Every NAME.token of `directory`, with its role from `roles_file` (default DIRECTORY/roles.yaml)."""
+        """Every NAME.token (or NAME.sha256) of `directory`, with its role from `roles_file`
+        (default DIRECTORY/roles.yaml)."""
         directory = Path(directory)
         if not directory.is_dir():
-            raise VlrlError(f"access directory {directory} does not exist; it holds NAME.token files and {ROLES_FILE}")
+            raise VlrlError(f"access directory {directory} does not exist; it holds NAME.token (or NAME.sha256) files and {ROLES_FILE}")
         roles = read_roles(roles_file or directory / ROLES_FILE)
-        tokens = {p.name[: -len(TOKEN_SUFFIX)]: p for p in sorted(directory.iterdir()) if p.name.endswith(TOKEN_SUFFIX)}
+        tokens: dict[str, Path] = {}
+        for p in sorted(directory.iterdir()):
+            suffix = next((s for s in (TOKEN_SUFFIX, DIGEST_SUFFIX) if p.name.endswith(s)), None)
+            if suffix is None or p.name.startswith("."):
+                continue
+            name = p.name[: -len(suffix)]
+            if name in tokens:
+                raise VlrlError(f"identity {name} has both {tokens[name].name} and {p.name} in {directory}; keep one")
+            tokens[name] = p
         if not tokens:
-            raise VlrlError(f"access directory {directory} has no NAME{TOKEN_SUFFIX} files")
+            raise VlrlError(f"access directory {directory} has no NAME{TOKEN_SUFFIX} or NAME{DIGEST_SUFFIX} files")
         by_digest: dict[bytes, Identity] = {}
         for name, path in tokens.items():
             if name not in roles:
                 raise VlrlError(f"{path} has no role: add `{name}: viewer|trainer|approver|admin` to the roles file")
-            digest = _digest(read_token_file(path))
+            digest = read_digest_file(path) if path.name.endswith(DIGEST_SUFFIX) else _digest(read_token_file(path))
             if digest in by_digest:
                 raise VlrlError(f"identities {by_digest[digest].name} and {name} have the same token; give each its own")
             by_digest[digest] = Identity(name, roles[name])
         missing = sorted(set(roles) - set(tokens))
         if missing:
-            raise VlrlError(f"the roles file names {', '.join(missing)} but {directory} has no {missing[0]}{TOKEN_SUFFIX}")
+            raise VlrlError(f"the roles file names {', '.join(missing)} but {directory} has no {missing[0]}{TOKEN_SUFFIX} (or {DIGEST_SUFFIX})")
         return cls(by_digest)
 
     def add(self, token: str, identity: Identity) -> None:
