@@ -354,7 +354,7 @@ class RegistryConfig(Section):
     lock_timeout_s: float = Field(5.0, gt=0, description="How long to wait for a locked SQLite registry before giving up with an error.")
     access_dir: str | None = Field(
         None,
-        description="Identities and roles (docs/security.md): a directory of NAME.token files and roles.yaml. When set, register needs the role trainer, "
+        description="Identities and roles (docs/security.md): a directory of NAME.sha256 digests (or NAME.token files) and roles.yaml. When set, register needs the role trainer, "
         "promote and rollback approver, and the acting identity is the one whose token is in --identity-file (or $VLRL_IDENTITY_FILE); "
         "None: no roles, anyone who can write the registry acts (the audit log records the OS user).",
     )
