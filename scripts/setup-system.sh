@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that two tests use for real, when they are missing:
-#   prometheus  the dashboard test (tests/observability) runs Prometheus and queries every panel
+#   prometheus  the dashboard test (tests/observability) runs Prometheus and queries every panel;
+#               its promtool checks the scrape configs and unit-tests the alert rules (test_alerts.py)
 #   chromium    the report test (tests/report) renders the HTML run report headless
 # Idempotent and quiet: nothing happens when both binaries are already on PATH. Needs root and
 # apt-get (Debian/Ubuntu); otherwise it says what to install and exits 0, and those tests skip
 # with a message naming the missing binary.
 set -euo pipefail
 
-declare -A package_of=([prometheus]=prometheus [chromium]=chromium)
+declare -A package_of=([prometheus]=prometheus [promtool]=prometheus [chromium]=chromium)
 missing=()
-for binary in prometheus chromium; do
-  command -v "$binary" >/dev/null 2>&1 || missing+=("${package_of[$binary]}")
+for binary in prometheus promtool chromium; do
+  package=${package_of[$binary]}
+  command -v "$binary" >/dev/null 2>&1 || [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 

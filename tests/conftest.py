@@ -31,3 +31,24 @@ def ci_config(ci_model_dir, tmp_path):
         return load_config(ROOT / "configs" / "ci-tiny.yaml", base + list(overrides))
 
     return make
+
+
+@pytest.fixture
+def access_dir(tmp_path):
+    """`access_dir({"ann": "trainer", ...}, name="access")`: NAME.token files (0600) + roles.yaml
+    under tmp_path/name (vlrl.access); returns {identity: its token file}."""
+    from vlrl.access import new_token
+
+    def make(roles: dict[str, str], name: str = "access") -> dict[str, Path]:
+        directory = tmp_path / name
+        directory.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for identity in roles:
+            path = directory / f"{identity}.token"
+            path.write_text(new_token() + "\n")
+            path.chmod(0o600)
+            files[identity] = path
+        (directory / "roles.yaml").write_text("".join(f"{identity}: {role}\n" for identity, role in roles.items()))
+        return files
+
+    return make

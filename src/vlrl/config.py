@@ -363,6 +363,23 @@ class RegistryConfig(Section):
         None, description="JSONL audit log of registrations, promotions and rollbacks; None: registry-audit.jsonl next to the SQLite DB (or under storage.root)."
     )
     lock_timeout_s: float = Field(5.0, gt=0, description="How long to wait for a locked SQLite registry before giving up with an error.")
+    access_dir: str | None = Field(
+        None,
+        description="Identities and roles (docs/security.md): a directory of NAME.sha256 digests (or NAME.token files) and roles.yaml. When set, register needs the role trainer, "
+        "promote and rollback approver, and the acting identity is the one whose token is in --identity-file (or $VLRL_IDENTITY_FILE); "
+        "None: no roles, anyone who can write the registry acts (the audit log records the OS user).",
+    )
+    two_person_rule: bool = Field(
+        False,
+        description="Promotion to production needs an identity other than the one that registered the version (needs access_dir). "
+        "Off for local use; on in the cluster config.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "RegistryConfig":
+        if self.two_person_rule and not self.access_dir:
+            raise ValueError("registry.two_person_rule needs registry.access_dir: without identities there is no second person to tell apart")
+        return self
 
 
 class ServingConfig(Section):

@@ -51,6 +51,8 @@ def scrape_config_for(exporter_port: int, interval: str = "1s") -> dict:
     """
     config = yaml.safe_load(PROMETHEUS_YML.read_text())
     config["global"].update(scrape_interval=interval, evaluation_interval=interval)
+    # rule files are relative to the config's folder; the test's copy lives elsewhere
+    config["rule_files"] = [str(PROMETHEUS_YML.parent / f) for f in config.get("rule_files", [])]
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "vlrl"]
     job["static_configs"] = [{"targets": [f"127.0.0.1:{exporter_port}"]}]
     config["scrape_configs"] = [job]

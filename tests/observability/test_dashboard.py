@@ -108,13 +108,24 @@ def _promtool_check(path) -> None:
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus package) not installed: run scripts/setup-system.sh as root")
 def test_scrape_configs_pass_promtool(tmp_path):
-    _promtool_check(PROMETHEUS_YML)
+    # promtool insists that the serving job's token file exists; Prometheus itself starts without it
+    # (that target is down until the file is there). Check a copy with a token file in place.
+    workstation = yaml.safe_load(PROMETHEUS_YML.read_text())
+    token = tmp_path / "serve.token"
+    token.write_text("t\n")
+    (serve,) = [job for job in workstation["scrape_configs"] if job["job_name"] == "vlrl-serve"]
+    serve["authorization"]["credentials_file"] = str(token)
+    workstation["rule_files"] = [str(PROMETHEUS_YML.parent / f) for f in workstation["rule_files"]]
+    copy = tmp_path / "prometheus.yml"
+    copy.write_text(yaml.safe_dump(workstation))
+    _promtool_check(copy)
     generated = tmp_path / "test.yml"
     generated.write_text(yaml.safe_dump(scrape_config_for(12345)))
     _promtool_check(generated)
     # Debian builds Prometheus without Kubernetes discovery; check everything else of the
     # in-cluster config (the relabelling above all) with static targets in its place.
     k8s = yaml.safe_load(PROMETHEUS_K8S_YML.read_text())
+    k8s["rule_files"] = [str(PROMETHEUS_YML.parent / "alerts.yml")]  # mounted from a ConfigMap in the cluster
     for job in k8s["scrape_configs"]:
         sd = job.pop("kubernetes_sd_configs")
         assert [c["role"] for c in sd] == ["pod"] and sd[0]["namespaces"]["names"] == ["vlrl"]

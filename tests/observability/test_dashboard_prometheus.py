@@ -184,3 +184,11 @@ def test_every_dashboard_query_returns_data(ci_config, exporter, prometheus, tmp
     print("\n".join(f"  GPU only, skipped on this CPU machine: {title}" for title in skipped))
     assert not empty, "queries that returned nothing:\n" + "\n".join(empty)
     assert on_gpu or len(skipped) == sum(is_gpu_only(p) for p in panels())
+
+    # The alert rules load into the real Prometheus with the config, evaluate without error on the
+    # run's live series, and none fires for this healthy, finished run.
+    rules = prometheus.get("/api/v1/rules")["groups"]
+    loaded = {rule["name"]: rule for group in rules for rule in group["rules"]}
+    assert {"VlrlRunStalled", "VlrlRunRestarted", "VlrlGpuMemoryNearFull", "VlrlServeErrorRate"} <= set(loaded)
+    assert all(rule["health"] == "ok" for rule in loaded.values()), {n: r.get("lastError") for n, r in loaded.items()}
+    assert all(rule["state"] == "inactive" for rule in loaded.values()), {n: r["state"] for n, r in loaded.items()}

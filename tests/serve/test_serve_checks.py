@@ -114,3 +114,29 @@ def test_serve_modules_import_without_vllm_and_say_so_when_it_is_missing(ci_mode
         server.require_vllm()
     r = runner.invoke(app, ["serve", "--base", str(ci_model_dir), "--adapter", str(adapters["good"]), "--api-key", "k"])
     assert isinstance(r.exception, VlrlError) and sys.executable in str(r.exception)
+
+
+def test_identities_are_checked_before_the_server_starts(ci_model_dir, adapters, access_dir, tmp_path):
+    files = access_dir({"abe": "approver"})
+    serve = ["serve", "--base", str(ci_model_dir), "--adapter", f"maze={adapters['good']}", "--port", "18998"]
+    files["abe"].chmod(0o644)
+    r = runner.invoke(app, [*serve, "--tokens-dir", str(tmp_path / "access")])
+    assert isinstance(r.exception, VlrlError) and "readable or writable by every user" in str(r.exception)
+    assert "vLLM is not installed" not in str(r.exception)  # refused before anything else is looked at
+    files["abe"].chmod(0o600)
+    r = runner.invoke(app, [*serve, "--tokens-dir", str(tmp_path / "access"), "--api-key", "k"])
+    assert isinstance(r.exception, VlrlError) and "not both" in str(r.exception)
+
+
+def test_with_identities_the_child_gets_the_tokens_dir_and_no_single_key(ci_model_dir, adapters, access_dir, tmp_path, monkeypatch):
+    from vlrl.serve.adapters import adapter_spec
+    from vlrl.serve.server import ServeOptions, server_env
+
+    access_dir({"abe": "approver"})
+    monkeypatch.setenv("VLLM_API_KEY", "inherited")  # must not reach vLLM: it would refuse the identities' tokens
+    options = ServeOptions(base=ci_model_dir, adapters=[adapter_spec("maze", adapters["good"])], api_key=None,
+                           tokens_dir=tmp_path / "access", audit_log=tmp_path / "audit.jsonl", watch_token="w")
+    env = server_env(options, "sha256:abc")
+    assert "VLLM_API_KEY" not in env
+    assert env["VLRL_SERVE_TOKENS_DIR"] == str((tmp_path / "access").resolve())
+    assert env["VLRL_SERVE_AUDIT_LOG"] == str((tmp_path / "audit.jsonl").resolve()) and env["VLRL_SERVE_WATCH_TOKEN"] == "w"

@@ -119,6 +119,7 @@ def served(ci_model_dir, tmp_path_factory):
 
     key_file = tmp / "api-key"
     key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)  # a key file readable by every user is refused
     port = _free_port()
     log = tmp / "serve.log"
     argv = [sys.executable, "-m", "vlrl.cli", "serve", "--base", str(ci_model_dir), "--adapter", f"maze={adapter_a}",

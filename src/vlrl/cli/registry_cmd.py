@@ -20,12 +20,15 @@ CONFIG = typer.Option(None, "--config", "-c", help="Run config (storage.root, re
 URI = typer.Option(None, "--uri", help="Registry: an MLflow URI or a path to a .db file (default: registry.uri, else <storage.root>/mlflow.db).")
 OVERRIDES = typer.Argument(None, help="Dotted overrides, e.g. registry.holdout_margin=0.05.")
 REASON = typer.Option(None, "--reason", help="Why: recorded in the audit log.")
+IDENTITY = typer.Option(None, "--identity-file", envvar="VLRL_IDENTITY_FILE",
+                        help="Your token file (mode 600), when registry.access_dir is set: names the identity that acts (docs/security.md).")
 
 
-def _registry(config: Optional[Path], uri: Optional[str], overrides: Optional[list[str]], create: bool = False):
+def _registry(config: Optional[Path], uri: Optional[str], overrides: Optional[list[str]], create: bool = False,
+              identity_file: Optional[Path] = None):
     from vlrl.tracking.registry import AdapterRegistry
 
-    return AdapterRegistry.from_config(load_config(config, list(overrides or [])), uri, create=create)
+    return AdapterRegistry.from_config(load_config(config, list(overrides or [])), uri, create=create, identity_file=identity_file)
 
 
 def _when(ms: int | None) -> str:
@@ -85,7 +88,8 @@ def register(
     adapter: Path = typer.Argument(..., help="Adapter directory with vlrl_lineage.json (saved by a tracked run)."),
     eval_dirs: list[Path] = typer.Option([], "--eval", "-e", help="A `vlrl eval -o` folder (holdout, adversarial); repeat."),
     name: Optional[str] = typer.Option(None, "--name", help="Registered model (default: registry.model_name, e.g. maze-<base>)."),
-    reason: Optional[str] = REASON, config: Optional[Path] = CONFIG, uri: Optional[str] = URI, overrides: list[str] = OVERRIDES,
+    reason: Optional[str] = REASON, config: Optional[Path] = CONFIG, uri: Optional[str] = URI,
+    identity_file: Optional[Path] = IDENTITY, overrides: list[str] = OVERRIDES,
 ) -> None:
     """Register an adapter as a `candidate` version, with its lineage and evaluation summaries as tags.
 
@@ -93,7 +97,7 @@ def register(
 
     Example: vlrl registry register runs/grpo/adapter --eval runs/eval-holdout --eval runs/eval-adversarial
     """
-    reg = _registry(config, uri, overrides, create=True)
+    reg = _registry(config, uri, overrides, create=True, identity_file=identity_file)
     out = reg.register(adapter, eval_dirs, name=name, reason=reason)
     evals = ", ".join(f"{s} {e.describe()}" for s, e in out["evals"].items()) or "none (promotion needs holdout and adversarial)"
     if out["action"] == "register":
@@ -117,16 +121,18 @@ def promote(
     name: str = typer.Argument(..., help="Registered model name."),
     version: str = typer.Argument(..., help="Version number (or stage alias, e.g. candidate)."),
     to: Optional[str] = typer.Option(None, "--to", help="staging | production (default: the next stage)."),
-    reason: Optional[str] = REASON, config: Optional[Path] = CONFIG, uri: Optional[str] = URI, overrides: list[str] = OVERRIDES,
+    reason: Optional[str] = REASON, config: Optional[Path] = CONFIG, uri: Optional[str] = URI,
+    identity_file: Optional[Path] = IDENTITY, overrides: list[str] = OVERRIDES,
 ) -> None:
     """Move a version to staging, or from staging to production, if it passes the promotion gate.
 
     Gate: same base model; holdout success beats production (or the base model) by registry.holdout_margin with
     non-overlapping 95% intervals; adversarial success drops at most registry.max_adversarial_drop.
+    With registry.access_dir: role approver; with registry.two_person_rule: not the identity that registered it.
 
     Example: vlrl registry promote maze-3f2a9c0d1b7e 3 --to staging --reason "beats v2 on holdout"
     """
-    reg = _registry(config, uri, overrides)
+    reg = _registry(config, uri, overrides, identity_file=identity_file)
     decision = reg.promote(name, version, to, reason)
     console.print(_gate_table(decision))
     if not decision.passed:
@@ -140,12 +146,13 @@ def promote(
 def rollback(
     name: str = typer.Argument(..., help="Registered model name."),
     reason: Optional[str] = REASON, config: Optional[Path] = CONFIG, uri: Optional[str] = URI,
+    identity_file: Optional[Path] = IDENTITY, overrides: list[str] = OVERRIDES,
 ) -> None:
     """Point production back at the previous production version, in one step.
 
     Example: vlrl registry rollback maze-3f2a9c0d1b7e --reason "regression in serving"
     """
-    out = _registry(config, uri, None).rollback(name, reason)
+    out = _registry(config, uri, overrides, identity_file=identity_file).rollback(name, reason)
     console.print(f"{name}: production v{out['from']} -> [bold]v{out['to']}[/]", highlight=False)
 
 
@@ -164,6 +171,8 @@ def history(
         table.add_column(col, overflow="fold")
     for e in reg.history(name):
         stage = e.get("to") or ("candidate" if e["action"] == "register" else "-")
-        table.add_row(e["time"], f"{e['user']}@{e['host']}", e["action"], f"v{e['version']}", str(stage),
+        who = f"{e['identity']} ({e['role']}) {e['user']}@{e['host']}" if e.get("identity") else f"{e['user']}@{e['host']}"
+        version = f"v{e['version']}" if e.get("version") is not None else "-"
+        table.add_row(e["time"], who, e["action"], version, str(stage),
                       e.get("decision", "-"), e.get("why") or "-", e.get("reason") or "-")
     console.print(table)

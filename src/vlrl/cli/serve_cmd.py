@@ -28,18 +28,23 @@ def register(app: typer.Typer) -> None:
 
 
 def resolve_api_key(api_key: Optional[str], api_key_file: Optional[Path] = None) -> str:
-    """--api-key, else the file of --api-key-file, else VLRL_API_KEY; one of them is required."""
+    """--api-key, else the file of --api-key-file, else VLRL_API_KEY; one of them is required.
+
+    A key file is a token file (`vlrl.access.read_token_file`): missing, empty or readable by
+    every user is refused.
+    """
+    from vlrl.access import read_token_file
+
     if api_key_file is not None:
-        if not api_key_file.is_file():
-            raise VlrlError(f"API key file {api_key_file} does not exist")
-        api_key = api_key_file.read_text(encoding="utf-8").strip()
+        api_key = read_token_file(api_key_file)
     api_key = api_key or os.environ.get("VLRL_API_KEY", "")
     if not api_key:
         raise VlrlError("an API key is required: pass --api-key KEY, --api-key-file PATH or set VLRL_API_KEY")
     return api_key
 
 
-API_KEY_HELP = "API key (default: $VLRL_API_KEY). Prefer the environment or --api-key-file: a command line is visible to other users."
+API_KEY_HELP = "API key or identity token (default: $VLRL_API_KEY). Prefer the environment or --api-key-file: a command line is visible to other users."
+KEY_FILE = typer.Option(None, "--api-key-file", help="Read the key or identity token from this file (mode 600; not readable by every user).")
 
 
 def serve(
@@ -49,7 +54,10 @@ def serve(
     host: Optional[str] = typer.Option(None, "--host", help="Bind address (default serving.host, 127.0.0.1; 0.0.0.0 in a pod)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port (default serving.port, 8000)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
-    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Read the API key from this file (e.g. a mounted Kubernetes Secret)."),
+    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Read the API key from this file (e.g. a mounted Kubernetes Secret); its holder is identity `admin`."),
+    tokens_dir: Optional[Path] = typer.Option(None, "--tokens-dir", help="Identities instead of one key: NAME.token files (one per identity) and roles.yaml (NAME: viewer|trainer|approver|admin). docs/security.md."),
+    roles: Optional[Path] = typer.Option(None, "--roles", help="With --tokens-dir: the roles file (default: TOKENS_DIR/roles.yaml)."),
+    audit_log: Optional[Path] = typer.Option(None, "--audit-log", help="Append every route change, load and unload (allowed or refused, with the identity) to this JSONL file (default: the server's log)."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest request in tokens (default serving.max_model_len)."),
     max_loras: Optional[int] = typer.Option(None, "--max-loras", help="Adapters resident at once (default serving.max_loras)."),
     max_lora_rank: Optional[int] = typer.Option(None, "--max-lora-rank", help="Largest LoRA rank accepted, also for later swaps (default: fits the adapters given)."),
@@ -74,7 +82,17 @@ def serve(
 
     if base is None:  # checked here, not by the parser, so prose that names `vlrl serve` parses
         raise VlrlError("--base MODEL_DIR is required: the base model the adapters were trained on")
-    key = resolve_api_key(api_key, api_key_file)
+    if tokens_dir is not None:
+        from vlrl.access import Identities, new_token
+
+        if api_key or api_key_file:
+            raise VlrlError("give either --tokens-dir (one token per identity) or --api-key/--api-key-file (one admin key), not both")
+        Identities.from_dir(tokens_dir, roles)  # every token file and role checked before anything starts
+        key = new_token() if watch else None  # the watcher's own token (identity registry-watch, approver)
+    else:
+        if roles is not None:
+            raise VlrlError("--roles needs --tokens-dir")
+        key = resolve_api_key(api_key, api_key_file)
     s = load_config(config, []).serving
     specs = [adapter_spec(*parse_adapter_option(value)) for value in adapter]
     watched = []
@@ -93,6 +111,7 @@ def serve(
         max_model_len=max_model_len or s.max_model_len, max_loras=max_loras or s.max_loras,
         max_lora_rank=max_lora_rank or s.max_lora_rank, kv_cache_mb=kv_cache_mb or s.kv_cache_mb,
         max_images=max_images or s.max_images, dtype=dtype, extra_args=list(vllm_arg),
+        tokens_dir=tokens_dir, roles_file=roles, audit_log=audit_log, watch_token=key if tokens_dir is not None else None,
     )
     server = VllmServer(options)
     stopping = threading.Event()
@@ -182,6 +201,7 @@ def play(
 def endpoint_status(
     url: str = typer.Option(..., "--url", help="The server, e.g. http://127.0.0.1:8000."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Optional[Path] = KEY_FILE,
 ) -> None:
     """Routes (public name -> version), loaded versions and requests in flight.
 
@@ -189,7 +209,7 @@ def endpoint_status(
     """
     from vlrl.serve.swap import ServeClient
 
-    state = ServeClient(url, resolve_api_key(api_key)).state()
+    state = ServeClient(url, resolve_api_key(api_key, api_key_file)).state()
     console.print(f"base {state['base_fingerprint']}", highlight=False)
     for name, target in sorted(state["routes"].items()):
         history = " <- ".join(reversed(state["history"].get(name, [])[:-1])) or "-"
@@ -207,8 +227,9 @@ def endpoint_swap(
     registry_uri: Optional[str] = typer.Option(None, "--registry-uri", help="Model registry (MLflow URI or .db path); default: the config's."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config whose `registry` section locates the registry."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Optional[Path] = KEY_FILE,
 ) -> None:
-    """Load a new version and route NAME to it, with no failed request; the old one stays loaded for rollback.
+    """Load a new version and route NAME to it (role approver), with no failed request; the old one stays loaded for rollback.
 
     Example: vlrl endpoint swap --url http://127.0.0.1:8000 --name maze --adapter runs/grpo-2/adapter
     """
@@ -224,7 +245,7 @@ def endpoint_swap(
         spec = adapter_spec(name, spec.path, spec.tag)
     else:
         spec = adapter_spec(name, adapter)
-    result = swap_to(ServeClient(url, resolve_api_key(api_key)), spec)
+    result = swap_to(ServeClient(url, resolve_api_key(api_key, api_key_file)), spec)
     _print_swap(result)
 
 
@@ -233,14 +254,15 @@ def endpoint_rollback(
     url: str = typer.Option(..., "--url", help="The server, e.g. http://127.0.0.1:8000."),
     name: str = typer.Option(..., "--name", help="Public name to move back."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Optional[Path] = KEY_FILE,
 ) -> None:
-    """Route NAME back to the version it served before the current one.
+    """Route NAME back to the version it served before the current one (role approver).
 
     Example: vlrl endpoint rollback --url http://127.0.0.1:8000 --name maze
     """
     from vlrl.serve.swap import rollback_adapter
 
-    _print_swap(rollback_adapter(url, resolve_api_key(api_key), name))
+    _print_swap(rollback_adapter(url, resolve_api_key(api_key, api_key_file), name))
 
 
 def _print_swap(result) -> None:

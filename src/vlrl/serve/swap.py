@@ -68,6 +68,8 @@ class ServeClient:
                 pass
             if exc.code == 401:
                 raise VlrlError(f"{self.url} refused the API key (401); pass the key the server was started with") from None
+            if exc.code == 403:  # a known identity whose role does not allow this (the message says which)
+                raise VlrlError(f"{self.url} refused {method} {path}: {detail}") from None
             raise VlrlError(f"{method} {path} failed with {exc.code}: {detail}") from None
         except OSError as exc:
             raise VlrlError(f"cannot reach the server at {self.url} ({exc}); is `vlrl serve` running there?") from None

@@ -21,16 +21,25 @@ log (`registry.audit_log`, default registry-audit.jsonl next to the SQLite datab
 (user, host), when, why (`--reason`) and the numbers; the version's `gate.<stage>` tag keeps the
 last decision. Bad input (unknown model or version, an adapter of another base, a missing or
 locked database) raises VlrlError before anything is written.
+
+Roles (`registry.access_dir`, `vlrl.access`, docs/security.md): when set, the acting identity is
+the one whose token is in `identity_file` (--identity-file, else $VLRL_IDENTITY_FILE); register
+needs `trainer`, promote and rollback `approver`. With `registry.two_person_rule`, promotion to
+production is refused to the identity that registered the version (tag `registered_identity`).
+A refusal for a role or the two-person rule changes nothing but is recorded in the audit log,
+whose entries name the identity and its role.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vlrl.access import Identity, identity_from_file
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
 from vlrl.tracking.gate import EvalRecord, GateDecision, decoding_kind, promotion_gate
@@ -78,19 +87,44 @@ def _peer_key(summary: dict[str, Any]) -> str:
 class AdapterRegistry:
     """Registered adapters in an MLflow model registry, with the gate and the audit log."""
 
-    def __init__(self, uri: str, config: RunConfig, *, create: bool = False):
+    def __init__(self, uri: str, config: RunConfig, *, create: bool = False, identity_file: str | Path | None = None):
         self.uri = uri
         self.settings = config.registry
         self.storage_root = config.storage.root
+        self.identity_file = identity_file
         check_sqlite(uri, must_exist=not create, lock_timeout_s=self.settings.lock_timeout_s, what="registry database")
         self.client = mlflow_client(uri)
 
     @classmethod
-    def from_config(cls, config: RunConfig, uri: str | None = None, *, create: bool = False) -> AdapterRegistry:
+    def from_config(cls, config: RunConfig, uri: str | None = None, *, create: bool = False,
+                    identity_file: str | Path | None = None) -> AdapterRegistry:
         """The registry of `config` (`registry.uri`, else the tracking store), or `uri` when given."""
         from vlrl.tracking.store import normalize_uri
 
-        return cls(normalize_uri(uri) if uri else registry_uri(config), config, create=create)
+        return cls(normalize_uri(uri) if uri else registry_uri(config), config, create=create, identity_file=identity_file)
+
+    # -- who acts ----------------------------------------------------------------------------
+    def actor(self) -> Identity | None:
+        """The acting identity (None when registry.access_dir is unset: no roles)."""
+        token_file = self.identity_file or os.environ.get("VLRL_IDENTITY_FILE") or None
+        if not self.settings.access_dir:
+            if self.identity_file:
+                raise VlrlError("--identity-file was given but registry.access_dir is not set, so no identity can be checked; "
+                                "set registry.access_dir or drop --identity-file")
+            return None
+        if token_file is None:
+            raise VlrlError(f"registry.access_dir is set ({self.settings.access_dir}): say who acts with --identity-file PATH "
+                            "or VLRL_IDENTITY_FILE (the file holding your token)")
+        return identity_from_file(self.settings.access_dir, token_file)
+
+    def _authorize(self, needed: str, action: str, entry: dict[str, Any]) -> Identity | None:
+        """The actor, after checking its role; a refusal is audited, then raised (nothing else changes)."""
+        actor = self.actor()
+        if actor is not None and not actor.may(needed):
+            why = f"identity {actor.name} ({actor.role}) may not {action}: that needs the role {needed} or higher"
+            self._audit({**entry, "decision": "refused", "why": why}, actor)
+            raise VlrlError(why)
+        return actor
 
     # -- audit -------------------------------------------------------------------------------
     @property
@@ -101,8 +135,9 @@ class AdapterRegistry:
         db = sqlite_path(self.uri)
         return (db.parent if db is not None else Path(self.storage_root)) / "registry-audit.jsonl"
 
-    def _audit(self, entry: dict[str, Any]) -> dict[str, Any]:
-        record = {"time": now_iso(), **who(), "registry": self.uri, "command": " ".join(sys.argv[1:]) or None, **entry}
+    def _audit(self, entry: dict[str, Any], actor: Identity | None = None) -> dict[str, Any]:
+        acting = {"identity": actor.name, "role": actor.role} if actor else {}
+        record = {"time": now_iso(), **who(), **acting, "registry": self.uri, "command": " ".join(sys.argv[1:]) or None, **entry}
         path = self.audit_path
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
@@ -210,6 +245,7 @@ class AdapterRegistry:
         Registering an adapter that is already a version of the model (same fingerprint) updates
         that version's evaluations instead of adding a version.
         """
+        actor = self._authorize("trainer", "register adapters", {"action": "register", "adapter": str(adapter_dir)})
         info = adapter_info(adapter_dir)
         lineage = read_adapter_lineage(adapter_dir)
         if lineage is None:
@@ -219,6 +255,8 @@ class AdapterRegistry:
         env = lineage.get("data", {}).get("env", "env")
         name = name or model_name_for(self.settings.model_name, env, base_fp)
         tags = self._version_tags(info, lineage)
+        if actor is not None:
+            tags["registered_identity"] = actor.name  # what the two-person rule compares
         tags.update(self._eval_tags(info, read_eval_summaries(eval_dirs)))
         with mlflow_errors(f"registering {adapter_dir} in {self.uri}"):
             from mlflow.exceptions import MlflowException
@@ -241,7 +279,8 @@ class AdapterRegistry:
                 # the version keeps the lineage it was registered with; only evaluations are updated.
                 version = existing[0].version
                 for key, value in tags.items():
-                    if key.startswith("eval."):
+                    if key.startswith("eval.") or (key == "registered_identity" and key not in existing[0].tags):
+                        # a version registered before identities were required gets its registrant now
                         self.client.set_model_version_tag(name, version, key, value)
                 action = "update-evals"
                 if existing[0].source != info["path"]:
@@ -262,7 +301,7 @@ class AdapterRegistry:
         source = existing[0].source if existing else info["path"]
         entry = self._audit({"action": action, "model": name, "version": int(version), "adapter": info["path"], "source": source,
                              "adapter_fingerprint": info["fingerprint"], "reason": reason,
-                             "evals": {s: e.to_json() for s, e in evals.items()}})
+                             "evals": {s: e.to_json() for s, e in evals.items()}}, actor)
         return {"name": name, "version": int(version), "action": action, "evals": evals, "source": source, "audit": entry}
 
     @staticmethod
@@ -346,6 +385,8 @@ class AdapterRegistry:
         version's `gate.<stage>` tag).
         """
         what = f"promoting {name} v{version}"
+        attempt = {"action": "promote", "model": name, "version": str(version).lstrip("vV"), "to": to, "reason": reason}
+        actor = self._authorize("approver", "promote", attempt)
         with mlflow_errors(what):
             model = self._model(name)
             v = self._version(name, version)
@@ -358,6 +399,8 @@ class AdapterRegistry:
                 raise VlrlError(f"{name} v{v.version} is already in {'production' if 'production' in stages else to}")
             if to == "production" and "staging" not in stages:
                 raise VlrlError(f"{name} v{v.version} is not in staging; promote it to staging first")
+            if to == "production" and self.settings.two_person_rule:
+                self._check_two_persons(name, v, actor, {**attempt, "version": int(v.version), "to": to, "from": stages})
             if v.tags.get("base_fingerprint") != model.tags.get("base_fingerprint"):
                 raise VlrlError(f"{name} v{v.version} was trained on base model {v.tags.get('base_fingerprint')}, but '{name}' "
                                 f"is for {model.tags.get('base_fingerprint')}; it cannot be promoted here")
@@ -374,10 +417,11 @@ class AdapterRegistry:
                              "reason": reason, "replaces": previous, "gate": decision.to_json(),
                              "settings": {"holdout_margin": self.settings.holdout_margin,
                                           "max_adversarial_drop": self.settings.max_adversarial_drop,
-                                          "decoding": self.settings.decoding}})
+                                          "decoding": self.settings.decoding,
+                                          "two_person_rule": self.settings.two_person_rule}}, actor)
         with mlflow_errors(what):
             self.client.set_model_version_tag(name, v.version, f"gate.{to}", json.dumps({
-                "time": entry["time"], "by": f"{entry['user']}@{entry['host']}", "decision": entry["decision"],
+                "time": entry["time"], "by": _by(entry), "decision": entry["decision"],
                 "why": entry["why"], "reason": reason}))
             if decision.passed:
                 self.client.set_registered_model_alias(name, to, v.version)
@@ -393,6 +437,7 @@ class AdapterRegistry:
     def rollback(self, name: str, reason: str | None = None) -> dict[str, Any]:
         """Point `production` back at the previous production version; returns {from, to}."""
         what = f"rolling back {name}"
+        actor = self._authorize("approver", "roll back", {"action": "rollback", "model": name, "to": "production", "reason": reason})
         with mlflow_errors(what):
             model = self._model(name)
             current = model.aliases.get("production")
@@ -410,12 +455,31 @@ class AdapterRegistry:
                 raise VlrlError(f"the adapter of {name} v{target.version} at {target.source} is {files}; cannot roll back to it")
         entry = self._audit({"action": "rollback", "model": name, "version": int(target.version), "from": int(current),
                              "to": "production", "decision": "rolled back", "reason": reason,
-                             "why": f"production v{current} -> v{target.version}"})
+                             "why": f"production v{current} -> v{target.version}"}, actor)
         with mlflow_errors(what):
             self.client.set_registered_model_alias(name, "production", target.version)
             # history without the rolled-back version's last entry, so a second rollback goes further back
             trimmed = history[: len(history) - 1 - history[::-1].index(int(current))] if int(current) in history else history
             self.client.set_registered_model_tag(name, "production_history", json.dumps(trimmed))
             self.client.set_model_version_tag(name, str(current), "rolled_back", json.dumps({
-                "time": entry["time"], "by": f"{entry['user']}@{entry['host']}", "to": int(target.version), "reason": reason}))
+                "time": entry["time"], "by": _by(entry), "to": int(target.version), "reason": reason}))
         return {"name": name, "from": int(current), "to": int(target.version), "audit": entry}
+
+    def _check_two_persons(self, name: str, v, actor: Identity | None, attempt: dict[str, Any]) -> None:
+        """Refuse (audited, nothing else changed) a promotion to production by the version's registrant."""
+        registrant = v.tags.get("registered_identity")
+        if registrant is None:
+            why = (f"two-person rule: {name} v{v.version} was registered without an identity, so nobody can tell "
+                   "who registered it; register its adapter again (that records the identity), then let another approver promote it")
+        elif actor is not None and registrant == actor.name:
+            why = f"two-person rule: {actor.name} registered {name} v{v.version}, so another approver must promote it to production"
+        else:
+            return
+        self._audit({**attempt, "decision": "refused", "why": why, "registered_identity": registrant}, actor)
+        raise VlrlError(why)
+
+
+def _by(entry: dict[str, Any]) -> str:
+    """Who acted, for version tags: the identity when there is one, and always user@host."""
+    where = f"{entry['user']}@{entry['host']}"
+    return f"{entry['identity']} ({where})" if entry.get("identity") else where
