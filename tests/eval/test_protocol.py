@@ -71,6 +71,13 @@ def test_holdout_never_overlaps_train_and_a_planted_overlap_is_caught(ci_config)
     planted = Task(train_task.env, "holdout", 999, train_task.seed, dict(train_task.params))
     with pytest.raises(VlrlError, match="also appear in the training split"):
         check_disjoint_from_train(cfg, holdout + [planted])
+    # a training layout in disguise (mirrored, another start and goal) is refused too
+    from vlrl.envs.maze.splits import maze_for_task
+
+    disguised = Task(train_task.env, "holdout", 998, train_task.seed, {**train_task.params, "transform": "mirror"})
+    assert maze_for_task(disguised).content_hash() != maze_for_task(train_task).content_hash()
+    with pytest.raises(VlrlError, match=r"1 evaluation task\(s\) also appear in the training split \(the same wall layout"):
+        check_disjoint_from_train(cfg, holdout + [disguised])
 
 
 def test_an_adapter_is_refused_on_its_own_training_split_unless_forced(ci_config, tmp_path):

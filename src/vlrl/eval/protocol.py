@@ -4,7 +4,9 @@ Each model is loaded fresh (base weights + its adapter, or none for the base) an
 episode per task with the same decoding (greedy, sampled, or both). Three guards run before any
 model is loaded:
 
-1. no evaluated task of a held-out split appears in the training split (by maze content);
+1. no evaluated task of a held-out split shares anything with the training split: for the maze,
+   no wall layout (walls alone, mirrored and rotated copies included; `splits.train_overlap`),
+   so a held-out maze is never a known wall layout with a new start and goal;
 2. no model is evaluated on a split it was trained on: an adapter's (or full SFT model's)
    lineage records its training split's version and seed range; evaluating on that split, or on
    tasks whose seeds fall in that range, is refused unless `force=True` (`vlrl eval --force`);
@@ -33,10 +35,11 @@ DECODINGS = ("greedy", "sampled")
 
 
 def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
-    """Refuse to evaluate on tasks whose content also appears in the training split.
+    """Refuse to evaluate on tasks that share content with the training split.
 
-    Environments that can answer without listing the training split (the maze: by its content
-    buckets) provide `train_overlap`; others are compared with every training task.
+    Environments that can answer without listing the training split (the maze: whether train owns
+    the task's wall layout) provide `train_overlap`; others are compared with every training task
+    by content hash.
     """
     cls = env_class(config.env.name)
     if hasattr(cls, "train_overlap"):
@@ -44,7 +47,8 @@ def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
     else:
         overlap = [a.task_id for a, _ in overlapping_tasks(list(tasks), build_split(config.env, "train"))]
     if overlap:
-        raise VlrlError(f"{len(overlap)} evaluation task(s) also appear in the training split, e.g. {overlap[0]}")
+        raise VlrlError(f"{len(overlap)} evaluation task(s) also appear in the training split (the same wall layout "
+                        f"counts), e.g. {overlap[0]}")
 
 
 def tasks_hash(tasks: list[Task]) -> str:
