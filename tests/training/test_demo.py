@@ -26,3 +26,11 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
     assert (tmp_path / "demo" / "learning_curve.png").stat().st_size > 0
     assert report["peak_memory_mb"] > 0 and set(report["phase_s"]) == {"model", "sft", "grpo", "eval"}
     assert report["sft_steps"] == 2  # 16 transcripts in batches of 8, one epoch (ci-tiny.yaml)
+    # the paired comparisons agree with the per-model counts: successes(A) - successes(B) = b - c
+    s = saved["summaries"]
+    assert saved["paired"].keys() == {"sft_vs_base", "grpo_vs_base", "grpo_vs_sft"}
+    for key, pair in saved["paired"].items():
+        a, b = key.split("_vs_")
+        assert pair["n"] == 8 and pair["only_a"] - pair["only_b"] == s[a]["successes"] - s[b]["successes"]
+        assert pair["both"] + pair["only_a"] == s[a]["successes"] and 0 < pair["p_value"] <= 1
+    assert (tmp_path / "demo" / "eval" / "paired.json").is_file()

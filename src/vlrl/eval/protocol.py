@@ -14,8 +14,10 @@ model is loaded:
 
 Each result records exactly what was evaluated (model and adapter fingerprints, the split's
 version and a hash of the task list), so the registry can tell whether two evaluations are
-comparable, and `out_dir/<label>/` keeps summary.json and traces.jsonl for independent re-checks
-(`vlrl eval-verify`).
+comparable, and `out_dir/<label>/` keeps summary.json (with every task's outcome) and
+traces.jsonl for independent re-checks (`vlrl eval-verify`). All models play the same tasks, so
+`out_dir/paired.json` compares every two of them (same decoding) task by task: discordant counts,
+the paired difference with its 95% interval and McNemar's exact p-value (`eval.evaluate.paired_table`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from vlrl.config import RunConfig
 from vlrl.envs.base import Task, build_split, env_class, overlapping_tasks, split_version
 from vlrl.errors import VlrlError
-from vlrl.eval.evaluate import EvalResult, evaluate_engine
+from vlrl.eval.evaluate import EvalResult, evaluate_engine, pair_results, result_pairs
 
 DECODINGS = ("greedy", "sampled")
 
@@ -208,4 +210,8 @@ def evaluate_models(
     if out_dir is not None:
         index = [{"dir": result_dir_name(r.label, "greedy" if r.decoding == "greedy" else "sampled"), **r.summary()} for r in results]
         (Path(out_dir) / "results.json").write_text(json.dumps(index, indent=1))
+        paired = [{"a": a.label, "b": b.label, "decoding": a.decoding, **pair_results(a, b).to_json()}
+                  for a, b in result_pairs(results)]
+        if paired:
+            (Path(out_dir) / "paired.json").write_text(json.dumps(paired, indent=1))
     return results
