@@ -353,7 +353,11 @@ class RegistryConfig(Section):
     )
     holdout_margin: float = Field(
         0.02, ge=0, le=1,
-        description="Promotion gate: holdout success must beat production (or the base model) by at least this much (0.02 = 2 points), with non-overlapping 95% Wilson intervals.",
+        description="Promotion gate: holdout success must beat production (or the base model) by at least this much (0.02 = 2 points), and pass the paired test (registry.max_p_value).",
+    )
+    max_p_value: float = Field(
+        0.05, gt=0, le=1,
+        description="Promotion gate: McNemar's exact two-sided p-value on the holdout tasks only one of candidate and production (or the base model) solved must be below this, with the candidate solving more of them.",
     )
     max_adversarial_drop: float = Field(
         0.02, ge=0, le=1, description="Promotion gate: adversarial success may fall at most this much below production (or the base model)."

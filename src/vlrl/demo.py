@@ -1,7 +1,8 @@
 """The embedded demo, end to end on a CPU: what `make demo` runs.
 
     build the demo model offline -> SFT warm start on oracle transcripts -> GRPO with LoRA
-    -> evaluate base, SFT and GRPO on the holdout split -> table with 95% intervals -> plot
+    -> evaluate base, SFT and GRPO on the holdout split -> table with 95% intervals, paired
+    comparisons on the same mazes (McNemar's exact test) -> plot
 
 Everything lands in one directory (default runs/demo): the model, both adapters, the GRPO run
 (config, metrics.jsonl, checkpoints), evaluation summaries and traces, demo.json and the plot.
@@ -17,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from vlrl.config import RunConfig
-from vlrl.eval.evaluate import results_table
+from vlrl.eval.evaluate import format_p, pair_results, paired_table, results_table
 from vlrl.eval.protocol import evaluate_models
 from vlrl.report.plots import learning_curve
 from vlrl.training.progress import train_with_progress
@@ -84,7 +85,10 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     phase("eval", t0)
 
     console.print(results_table(results, title=f"holdout split, {results[0].summary()['n']} mazes"))
+    console.print(paired_table(results, title="paired on the same mazes (b, c: mazes only A, only B solved)"))
     summaries = {r.label: r.summary() for r in results}
+    by_label = {r.label: r for r in results}
+    paired = {f"{a}_vs_{b}": pair_results(by_label[a], by_label[b]) for a, b in (("sft", "base"), ("grpo", "base"), ("grpo", "sft"))}
     history = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((out / "grpo" / "evals.json").read_text())
     plot = learning_curve(history, evals, out / "learning_curve.png",
@@ -100,11 +104,15 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         "summaries": summaries,
         "grpo_minus_sft_pp": round(100 * gain, 1),
         "intervals_separated": separated,
+        "paired": {k: v.to_json() for k, v in paired.items()},
         "plot": str(plot),
     }
     (out / "demo.json").write_text(json.dumps(report, indent=1))
+    vs_sft = paired["grpo_vs_sft"]
     console.print(
-        f"GRPO vs its SFT start: {100 * gain:+.1f} points (intervals {'do not overlap' if separated else 'overlap'}); "
+        f"GRPO vs its SFT start: {vs_sft.format_difference()} points, paired on the same mazes (only GRPO solved "
+        f"{vs_sft.only_a}, only SFT {vs_sft.only_b}; McNemar p = {format_p(vs_sft.p_value)}; Wilson intervals "
+        f"{'do not overlap' if separated else 'overlap'}); "
         f"wall time {report['wall_time_s']:.0f}s, peak memory {report['peak_memory_mb']:.0f} MB; plot {plot}"
     )
     return report

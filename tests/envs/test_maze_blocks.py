@@ -20,7 +20,7 @@ from vlrl.envs.maze.env import WALL_FEEDBACK
 from vlrl.envs.maze.maze import MOVES, TRANSFORMS, Maze, check_perfect, generate_maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
 from vlrl.envs.maze.render import THEMES, ascii_maze, render
-from vlrl.envs.maze.splits import adhoc_task, maze_bucket, maze_for_task
+from vlrl.envs.maze.splits import adhoc_task, layout_split, maze_bucket, maze_for_task
 from vlrl.errors import ConfigError, VlrlError
 
 block_sizes = st.sampled_from([5, 7, 9, 11, 13])
@@ -262,18 +262,19 @@ def test_block_episode_moves_bumps_trace_and_replay():
 
 def test_block_splits_are_disjoint_versioned_and_adversarial_variants_work():
     cfg = EnvConfig(
-        layout="blocks", sizes=[5, 7], train={"seed_start": 0, "count": 200}, holdout={"seed_start": 1000, "count": 40},
-        adversarial={"seed_start": 2000, "count": 32}, adversarial_variants={"extra_sizes": [9]},
+        layout="blocks", sizes=[7, 9], train={"seed_start": 0, "count": 200}, holdout={"seed_start": 1000, "count": 40},
+        adversarial={"seed_start": 2000, "count": 32}, adversarial_variants={"extra_sizes": [11]},
     )
     train, holdout, adversarial = (build_split(cfg, s) for s in ("train", "holdout", "adversarial"))
     assert all(t.params["layout"] == "blocks" for t in [*train[:20], *holdout, *adversarial])
-    assert all(maze_bucket(maze_for_task(t)) == 14 for t in holdout)
+    assert {layout_split(maze_for_task(t)) for t in holdout} == {"holdout"}
+    assert {maze_bucket(maze_for_task(t)) for t in holdout if t.params["size"] == 9} == {14}
     assert overlapping_tasks(holdout, train) == [] and overlapping_tasks(adversarial, train) == []
     cells = cfg.model_copy(update={"layout": "cells"})
     assert split_version(cfg, "holdout") != split_version(cells, "holdout")
     assert maze_for_task(holdout[0]).content_hash() != maze_for_task(build_split(cells, "holdout")[0]).content_hash()
     env = make_env(cfg)
-    assert {t.params["size"] for t in adversarial} == {5, 7, 9}
+    assert {t.params["size"] for t in adversarial} == {7, 9, 11}
     for task in adversarial:
         maze = maze_for_task(task)
         _assert_block_perfect(maze)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlrl.config import EnvConfig
+from vlrl.config import EnvConfig, load_config
 from vlrl.envs import Task, build_split, make_env, overlapping_tasks, split_version
 from vlrl.envs.maze.maze import check_perfect
 from vlrl.envs.maze.render import render
-from vlrl.envs.maze.splits import Split, maze_bucket, maze_for_task
+from vlrl.envs.maze.splits import (
+    Split, layout_split, maze_bucket, maze_for_task, reserved_layouts, split_capacity, split_layouts,
+)
 from vlrl.errors import VlrlError
 
 
@@ -44,15 +48,59 @@ def test_sizes_cycle_and_split_sizes_override():
     assert {t.params["size"] for t in build_split(cfg, "holdout")} == {7}
 
 
-def test_buckets_make_splits_disjoint():
+def test_layouts_make_splits_disjoint():
     cfg = small_config()
     train, holdout, adversarial = (build_split(cfg, s) for s in ("train", "holdout", "adversarial"))
-    assert all(maze_bucket(maze_for_task(t)) < 14 for t in train)
-    assert all(maze_bucket(maze_for_task(t)) == 14 for t in holdout)
-    assert all(maze_bucket(maze_for_task(t)) == 15 for t in adversarial)
+    for name, split in (("train", train), ("holdout", holdout), ("adversarial", adversarial)):
+        assert {layout_split(maze_for_task(t)) for t in split} == {name}
+    # 5x5 is above the enumerated sizes: the split is the bucket of the layout key
+    assert {maze_bucket(maze_for_task(t)) for t in holdout if t.params["size"] == 5} == {14}
     assert overlapping_tasks(holdout, train) == []
     assert overlapping_tasks(adversarial, train) == []
     assert overlapping_tasks(adversarial, holdout) == []
+    layouts = {s: {maze_for_task(t).canonical_layout_hash() for t in split}
+               for s, split in (("train", train), ("holdout", holdout), ("adversarial", adversarial))}
+    assert not layouts["train"] & layouts["holdout"] and not layouts["train"] & layouts["adversarial"]
+    assert not layouts["holdout"] & layouts["adversarial"]
+
+
+def test_held_out_tasks_are_distinct():
+    cfg = small_config(sizes=[3], placement="corners", holdout={"seed_start": 1000, "count": 64})
+    holdout = build_split(cfg, "holdout")
+    assert len({maze_for_task(t).content_hash() for t in holdout}) == 64  # all 16 layouts x 4 corner pairs
+    too_many = small_config(sizes=[3], placement="corners", holdout={"seed_start": 1000, "count": 65})
+    with pytest.raises(VlrlError, match="16 3x3 layouts, 64 distinct tasks"):
+        build_split(too_many, "holdout")[64]
+
+
+def test_reserved_share_of_3x3_layouts_is_as_documented():
+    # docs/maze.md: 192 layouts in 28 mirror/rotation classes; holdout 16, adversarial 12, train 164
+    table = reserved_layouts("cells", 3)
+    assert len(table) == 28
+    counts = {s: len(split_layouts("cells", 3, s)) for s in ("train", "holdout", "adversarial")}
+    assert counts == {"train": 164, "holdout": 16, "adversarial": 12} and sum(counts.values()) == 192
+    assert min(counts["holdout"], counts["adversarial"]) >= 192 / 16
+    # the demo (random placement, min_distance 2) can draw its 400 distinct holdout tasks from 896
+    assert split_capacity("cells", 3, "holdout", "random", 2) == 896
+    assert split_capacity("cells", 3, "train", "random", 2) + 896 + split_capacity("cells", 3, "adversarial", "random", 2) == 192 * 56
+    assert reserved_layouts("cells", 4) is None  # 100,352 layouts: bucketed by hash
+
+
+def test_mirrored_or_rotated_layouts_stay_in_their_split():
+    cfg = small_config(sizes=[3, 4, 5], holdout={"seed_start": 1000, "count": 30})
+    for task in build_split(cfg, "holdout"):
+        maze = maze_for_task(task)
+        for transform in ("mirror", "rotate90", "rotate180", "rotate270"):
+            image = maze.transformed(transform)
+            assert image.canonical_layout_hash() == maze.canonical_layout_hash()
+            assert layout_split(image) == "holdout"
+
+
+def test_too_small_block_size_cannot_be_held_out():
+    cfg = EnvConfig(layout="blocks", sizes=[5], holdout={"seed_start": 10**7, "count": 4})
+    assert {layout_split(maze_for_task(t)) for t in build_split(cfg, "train")[:20]} == {"train"}
+    with pytest.raises(VlrlError, match="too few wall layouts to hold any out"):
+        build_split(cfg, "holdout")[0]
 
 
 @settings(max_examples=15, deadline=None)
@@ -120,3 +168,27 @@ def test_bad_split_settings():
         build_split(small_config(holdout={"seed_start": 1000, "count": 5, "sizes": [99]}), "holdout")
     with pytest.raises(VlrlError, match="min_distance"):
         build_split(small_config(placement="random", min_distance=500), "holdout")[0]
+
+
+SHIPPED_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_hold_out_whole_wall_layouts(path):
+    # Every held-out task as configured, and 3000 training tasks: no wall layout (up to mirror and
+    # rotation) is shared, and the held-out tasks are distinct.
+    env = load_config(path).env
+    train = build_split(env, "train")
+    train_layouts = {maze_for_task(train[i]).canonical_layout_hash() for i in range(min(3000, len(train)))}
+    held: dict[str, set[str]] = {}
+    for name in ("holdout", "adversarial"):
+        tasks = list(build_split(env, name))
+        assert len(tasks) == getattr(env, name).count
+        mazes = [maze_for_task(t) for t in tasks]
+        assert len({(m.content_hash(), t.params["theme"]) for m, t in zip(mazes, tasks)}) == len(tasks)
+        held[name] = {m.canonical_layout_hash() for m in mazes}
+        assert not held[name] & train_layouts, f"{path.name}: {name} shares wall layouts with train"
+    assert not held["holdout"] & held["adversarial"]
+    if env.sizes == [3] and env.layout == "cells":  # the 3x3 configs: the sample covers train's 164 layouts (24 classes)
+        assert len(train_layouts) == 24
+        assert len({maze_for_task(train[i]).layout_hash() for i in range(3000)}) == 164

@@ -71,6 +71,13 @@ def test_holdout_never_overlaps_train_and_a_planted_overlap_is_caught(ci_config)
     planted = Task(train_task.env, "holdout", 999, train_task.seed, dict(train_task.params))
     with pytest.raises(VlrlError, match="also appear in the training split"):
         check_disjoint_from_train(cfg, holdout + [planted])
+    # a training layout in disguise (mirrored, another start and goal) is refused too
+    from vlrl.envs.maze.splits import maze_for_task
+
+    disguised = Task(train_task.env, "holdout", 998, train_task.seed, {**train_task.params, "transform": "mirror"})
+    assert maze_for_task(disguised).content_hash() != maze_for_task(train_task).content_hash()
+    with pytest.raises(VlrlError, match=r"1 evaluation task\(s\) also appear in the training split \(the same wall layout"):
+        check_disjoint_from_train(cfg, holdout + [disguised])
 
 
 def test_an_adapter_is_refused_on_its_own_training_split_unless_forced(ci_config, tmp_path):
@@ -127,3 +134,26 @@ def test_bad_split_and_missing_adapter_are_clear_errors(ci_config, tmp_path):
         evaluate_models(cfg, [("x", None, str(tmp_path / "nope"))], split="holdout", limit=2)
     with pytest.raises(VlrlError, match="unknown decoding"):
         evaluate_models(cfg, [("base", None, None)], split="holdout", decodings=["beam"])
+
+
+def test_models_are_paired_task_by_task_and_other_task_sets_are_refused(ci_config, tmp_path):
+    from vlrl.eval.evaluate import pair_results, paired_table
+
+    cfg = ci_config()
+    adapter = make_adapter(cfg, tmp_path / "run" / "adapter", seed=1)
+    base, tuned = evaluate_models(cfg, [("base", None, None), ("tuned", None, str(adapter))], split="holdout", limit=4,
+                                  out_dir=tmp_path / "eval")
+    (pair,) = json.loads((tmp_path / "eval" / "paired.json").read_text())
+    summaries = {r.label: json.loads((tmp_path / "eval" / r.label / "summary.json").read_text()) for r in (base, tuned)}
+    assert set(summaries["base"]["outcomes"]) == set(summaries["tuned"]["outcomes"]) and len(summaries["base"]["outcomes"]) == 4
+    assert (pair["a"], pair["b"], pair["n"]) == ("tuned", "base", 4)
+    assert pair["only_a"] - pair["only_b"] == summaries["tuned"]["successes"] - summaries["base"]["successes"]
+    assert len(paired_table([base, tuned]).rows) == 1
+    # pairing follows the task keys, not the order of the episodes
+    shuffled = type(base)(base.label, base.split, base.decoding, base.episodes[::-1], [], base.meta)
+    assert pair_results(tuned, shuffled) == pair_results(tuned, base)
+    # a result over other tasks is refused with one line
+    other = evaluate_models(cfg, [("base", None, None)], split="adversarial", limit=4)[0]
+    with pytest.raises(VlrlError, match="cannot pair tuned .* and base .*: they were evaluated on different tasks") as err:
+        pair_results(tuned, other)
+    assert "\n" not in str(err.value)

@@ -7,7 +7,9 @@ import math
 import pytest
 
 from vlrl.errors import VlrlError
-from vlrl.eval.stats import Proportion, intervals_overlap, mean_and_stderr, wilson_interval
+from vlrl.eval.stats import (
+    PairedComparison, Proportion, intervals_overlap, mcnemar_exact_p, mean_and_stderr, pair_outcomes, wilson_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -67,3 +69,34 @@ def test_mean_and_stderr() -> None:
     assert mean == 0.25 and math.isnan(stderr)
     with pytest.raises(VlrlError, match="no values"):
         mean_and_stderr([])
+
+
+def test_mcnemar_exact_p_by_hand():
+    # b = 10, c = 2: 2 * (C(12,0) + C(12,1) + C(12,2)) / 2^12 = 2 * 79 / 4096
+    assert mcnemar_exact_p(10, 2) == pytest.approx(158 / 4096, abs=1e-15) and round(mcnemar_exact_p(10, 2), 4) == 0.0386
+    assert mcnemar_exact_p(2, 10) == mcnemar_exact_p(10, 2)  # two-sided
+    assert mcnemar_exact_p(14, 0) == pytest.approx(2 / 2**14)
+    assert mcnemar_exact_p(5, 5) == 1.0 and mcnemar_exact_p(0, 0) == 1.0  # nothing discordant: no evidence
+    with pytest.raises(VlrlError):
+        mcnemar_exact_p(-1, 3)
+
+
+def test_paired_interval_matches_the_published_newcombe_example():
+    # Cavo et al. 2012 (Fagerland, Lydersen & Laake, Statistical Analysis of Contingency Tables, ch. 8):
+    # 59 both, 6 only before, 16 only after, 80 neither -> -0.0621 (95% CI -0.1186 to -0.0046)
+    pc = PairedComparison(59, 6, 16, 80)
+    assert round(pc.difference, 4) == -0.0621
+    assert [round(x, 4) for x in pc.interval] == [-0.1186, -0.0046]
+    swapped = PairedComparison(59, 16, 6, 80)  # A and B exchanged: the interval mirrors
+    assert swapped.interval == pytest.approx((-pc.interval[1], -pc.interval[0]))
+    assert PairedComparison(0, 0, 0, 0).interval == (-1.0, 1.0)
+    assert PairedComparison(10, 0, 0, 0).interval[0] <= 0 <= PairedComparison(10, 0, 0, 0).interval[1]
+
+
+def test_pairing_is_by_task_key_not_position():
+    a = {"t1": True, "t2": True, "t3": False, "t4": True}
+    b = {"t4": False, "t3": True, "t2": True, "t1": False}  # another order, same tasks
+    pc = pair_outcomes(a, b)
+    assert (pc.both, pc.only_a, pc.only_b, pc.neither) == (1, 2, 1, 0)
+    with pytest.raises(VlrlError, match=r"cannot pair A and B: they were evaluated on different tasks \(1 only in A, 1 only in B"):
+        pair_outcomes(a, {**{k: v for k, v in b.items() if k != "t4"}, "t5": True})

@@ -44,7 +44,7 @@ def test_a_promotion_that_passes_goes_candidate_staging_production_with_an_audit
     assert tags["base_fingerprint"] == model_fingerprint(cfg.model.path) and shown["files"] == "unchanged"
     assert tags["split.train.version"] == tracked_run.lineage["data"]["splits"]["train"]["version"]
     assert (tags["eval.holdout.successes"], tags["eval.holdout.n"]) == ("16", "30")
-    assert json.loads(tags["eval.holdout.peers"]) == {"base": [2, 30]}
+    assert json.loads(tags["eval.holdout.peers"]) == {"base": [2, 30, 14, 0]}  # successes, n, only grpo, only base
 
     to_staging = reg.promote(name, 1)
     assert to_staging.passed and to_staging.baseline == "base model"
@@ -61,6 +61,9 @@ def test_a_promotion_that_passes_goes_candidate_staging_production_with_an_audit
     assert last["user"] and last["host"] and last["time"] and last["reason"] == "holdout +47 points"
     numbers = {c["name"]: c["numbers"] for c in last["gate"]["checks"]}
     assert numbers["holdout_margin"]["candidate"]["successes"] == 16 and numbers["holdout_margin"]["baseline"]["successes"] == 2
+    # McNemar: 14 tasks only the candidate solved, none only the base: p = 2 / 2^14
+    assert (numbers["holdout_paired_test"]["b"], numbers["holdout_paired_test"]["c"]) == (14, 0)
+    assert abs(numbers["holdout_paired_test"]["p_value"] - 2 / 2**14) < 1e-12 and last["settings"]["max_p_value"] == 0.05
     assert json.loads(reg.show(name, 1)["tags"]["gate.production"])["decision"] == "passed"
 
     # the same weights saved by another run (a GRPO run that changed nothing): no new version, the
@@ -82,16 +85,16 @@ def test_a_promotion_that_is_refused_changes_no_stage(setup, tmp_path, reg_confi
     cfg, reg, adapter, _ = setup
     name = reg.register(adapter, evals(tmp_path, cfg, "v1", {"base": (None, 2, 2), "grpo": (adapter, 16, 6)}))["name"]
     promote_to_production(reg, name, 1)
-    # v2 evaluated in the same run as production v1: 18/30 vs 16/30 clears the margin, but the intervals overlap,
-    # and adversarial success falls by 25 points
+    # v2 evaluated in the same run as production v1: 18/30 vs 16/30 clears the margin, but only 2 tasks are
+    # discordant (b=2, c=0: McNemar p = 0.5), and adversarial success falls by 25 points
     v2 = make_adapter(cfg, tmp_path / "run2" / "adapter", seed=2)
     reg.register(v2, evals(tmp_path, cfg, "v2", {"v1": (adapter, 16, 6), "v2": (v2, 18, 2)}))
     before = snapshot(reg)
     decision = reg.promote(name, 2)
     assert not decision.passed and decision.baseline == "production v1"
     failed = {c.name for c in decision.checks if not c.passed}
-    assert failed == {"holdout_intervals", "adversarial_drop"}
-    assert "overlap" in decision.reasons() and "beyond the allowed drop" in decision.reasons()
+    assert failed == {"holdout_paired_test", "adversarial_drop"}
+    assert "McNemar p = 0.5 >= 0.05" in decision.reasons() and "beyond the allowed drop" in decision.reasons()
     after = snapshot(reg)
     assert after[name]["aliases"] == before[name]["aliases"] == {"production": 1, "candidate": 2}
     assert json.loads(after[name]["versions"]["2"]["gate.staging"])["decision"] == "refused"
@@ -112,6 +115,9 @@ def test_rollback_restores_the_previous_production_version(setup, tmp_path):
     # v2 has no peer entry for v1: the gate uses v1's own stored evaluation (same split, tasks, decoding)
     reg.register(v2, evals(tmp_path, cfg, "v2", {"v2": (v2, 29, 6)}))
     promote_to_production(reg, name, 2)
+    # ... paired task by task through the two versions' summary files: 13 only v2 solved, none only v1
+    paired = {c["name"]: c["numbers"] for c in reg.history(name)[-1]["gate"]["checks"]}["holdout_paired_test"]
+    assert (paired["b"], paired["c"]) == (13, 0)
     model = reg.client.get_registered_model(name)
     assert model.aliases == {"production": 2} and json.loads(model.tags["production_history"]) == [1, 2]
 
@@ -169,13 +175,15 @@ def test_bad_input_is_one_clear_error_and_leaves_the_registry_unchanged(setup, t
 
 
 def test_gate_rules_on_numbers():
-    def rec(split, s, n, tasks="t"):
-        return EvalRecord(split, s, n, "greedy", "v", tasks)
+    def rec(split, s, n, tasks="t", discordant=None):
+        return EvalRecord(split, s, n, "greedy", "v", tasks, discordant)
 
-    def decide(c, b, margin=0.02, drop=0.02):
-        return promotion_gate(c, b, candidate_label="c", baseline_label="b", holdout_margin=margin, max_adversarial_drop=drop)
+    def decide(c, b, margin=0.02, drop=0.02, max_p=0.05):
+        return promotion_gate(c, b, candidate_label="c", baseline_label="b", holdout_margin=margin, max_adversarial_drop=drop,
+                              max_p_value=max_p)
 
-    base = {"holdout": rec("holdout", 20, 200), "adversarial": rec("adversarial", 50, 200)}
+    # 60/200 vs 20/200 on the same tasks: 45 only the candidate solved, 5 only the baseline
+    base = {"holdout": rec("holdout", 20, 200, discordant=(45, 5)), "adversarial": rec("adversarial", 50, 200)}
     assert decide({"holdout": rec("holdout", 60, 200), "adversarial": rec("adversarial", 47, 200)}, base).passed
     # a clear gain refused by a larger margin
     assert not decide({"holdout": rec("holdout", 60, 200), "adversarial": rec("adversarial", 50, 200)}, base, margin=0.25).passed
@@ -184,3 +192,32 @@ def test_gate_rules_on_numbers():
     # no adversarial evaluation at all
     d = decide({"holdout": rec("holdout", 60, 200)}, base)
     assert not d.passed and "no adversarial evaluation" in d.reasons()
+
+
+def test_gate_decides_on_mcnemar_both_ways():
+    def decide(c_wins, b_wins, discordant, max_p=0.05, margin=0.02):
+        c = {"holdout": EvalRecord("holdout", c_wins, 100, "greedy", "v", "t"), "adversarial": EvalRecord("adversarial", 5, 10, "greedy", "v", "t")}
+        b = {"holdout": EvalRecord("holdout", b_wins, 100, "greedy", "v", "t", discordant),
+             "adversarial": EvalRecord("adversarial", 5, 10, "greedy", "v", "t")}
+        d = promotion_gate(c, b, candidate_label="c", baseline_label="b", holdout_margin=margin, max_adversarial_drop=0.0,
+                           max_p_value=max_p)
+        return d, {x.name: x for x in d.checks}
+
+    # 58 vs 50 of 100: b = 10, c = 2 -> exact two-sided p = 2 * (1 + 12 + 66) / 4096 = 0.0386
+    d, checks = decide(58, 50, (10, 2))
+    assert d.passed and abs(checks["holdout_paired_test"].numbers["p_value"] - 79 / 2048) < 1e-12
+    # the same gain is not enough at a stricter level
+    d, checks = decide(58, 50, (10, 2), max_p=0.01)
+    assert not d.passed and "McNemar p = 0.03857 >= 0.01" in d.reasons()
+    # the same +8 points from more discordant tasks is luck (b = 24, c = 16: p = 0.268)
+    d, checks = decide(58, 50, (24, 16))
+    assert not d.passed and not checks["holdout_paired_test"].passed and checks["holdout_margin"].passed
+    # significant, but in the wrong direction: the baseline solved the discordant tasks
+    d, checks = decide(50, 58, (2, 10), margin=0.0)
+    assert not d.passed and "(not better)" in d.reasons()
+    # no paired outcomes: refused with what to do
+    d, checks = decide(58, 50, None)
+    assert not d.passed and "no task-by-task outcomes" in d.reasons()
+    # counts that cannot come from these two records are an error, not a decision
+    with pytest.raises(VlrlError, match="do not fit"):
+        decide(58, 50, (70, 2))

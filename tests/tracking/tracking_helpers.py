@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vlrl.config import RunConfig
 from vlrl.envs.base import build_split, split_version
-from vlrl.eval.evaluate import EvalResult
+from vlrl.eval.evaluate import EvalResult, task_key
 from vlrl.eval.protocol import model_identity, tasks_hash
 from vlrl.tracking.lineage import collect_lineage, write_adapter_lineage
 
@@ -32,10 +32,12 @@ def make_adapter(config: RunConfig, out: Path, seed: int, base_fingerprint: str 
 
 def write_eval(out_dir: Path, config: RunConfig, label: str, adapter: Path | None, split: str, successes: int, n: int) -> Path:
     """An evaluation summary as `vlrl eval -o out_dir` writes it, for the first n tasks of `split`,
-    with the given number of successes (the identity and task hash are the real ones)."""
+    with the given number of successes, on the first tasks (the identity, task hash and task keys
+    are the real ones, so two such summaries pair task by task: the one with more successes solved
+    every task the other solved)."""
     tasks = list(build_split(config.env, split))[:n]
-    episodes = [{"success": float(i < successes), "turns": 2.0, "optimal_turns": 2.0, "invalid_actions": 0.0, "size": 3}
-                for i in range(n)]
+    episodes = [{"success": float(i < successes), "turns": 2.0, "optimal_turns": 2.0, "invalid_actions": 0.0, "size": 3,
+                 "task_id": t.task_id, "task_key": task_key(t)} for i, t in enumerate(tasks)]
     meta = {"split_version": split_version(config.env, split), "tasks_hash": tasks_hash(tasks), "env": config.env.name,
             "model": model_identity(config.model.path, str(adapter) if adapter else None)}
     return EvalResult(label, split, "greedy", episodes, [], meta).save(out_dir / label)

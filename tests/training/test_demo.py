@@ -18,7 +18,8 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
         "train.sft.mode=full", "train.sft.episodes=16", "train.sft.batch_size=8",
         "train.steps=2", "train.eval_every=1", "train.eval_tasks=4", "env.holdout.count=8",
     )
-    report = run_demo(cfg, tmp_path / "demo", Console(record=True, width=160))
+    console = Console(record=True, width=160)
+    report = run_demo(cfg, tmp_path / "demo", console)
     saved = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert saved["summaries"].keys() == {"base", "sft", "grpo"} and saved["summaries"]["sft"]["n"] == 8
     gain = saved["summaries"]["grpo"]["success_rate"] - saved["summaries"]["sft"]["success_rate"]
@@ -26,3 +27,13 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
     assert (tmp_path / "demo" / "learning_curve.png").stat().st_size > 0
     assert report["peak_memory_mb"] > 0 and set(report["phase_s"]) == {"model", "sft", "grpo", "eval"}
     assert report["sft_steps"] == 2  # 16 transcripts in batches of 8, one epoch (ci-tiny.yaml)
+    # the paired comparisons agree with the per-model counts: successes(A) - successes(B) = b - c
+    s = saved["summaries"]
+    assert saved["paired"].keys() == {"sft_vs_base", "grpo_vs_base", "grpo_vs_sft"}
+    for key, pair in saved["paired"].items():
+        a, b = key.split("_vs_")
+        assert pair["n"] == 8 and pair["only_a"] - pair["only_b"] == s[a]["successes"] - s[b]["successes"]
+        assert pair["both"] + pair["only_a"] == s[a]["successes"] and 0 < pair["p_value"] <= 1
+    assert (tmp_path / "demo" / "eval" / "paired.json").is_file()
+    text = " ".join(console.export_text().split())
+    assert "McNemar p" in text and "grpo vs sft" in text and "paired on the same mazes (only GRPO solved" in text

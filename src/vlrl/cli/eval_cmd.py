@@ -34,14 +34,15 @@ def evaluate(
     ),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides."),
 ) -> None:
-    """Evaluate the base model and adapters on a split: success with 95% intervals, turns, invalid rate, per size.
+    """Evaluate the base model and adapters on a split: success with 95% intervals, turns, invalid rate, per size,
+    and every two models compared task by task (discordant tasks, paired difference, McNemar's exact p).
 
     Every episode's trace is saved, so `vlrl eval-verify OUT` can re-check the success rates without a model.
     An adapter is refused on the split its lineage says it was trained on (unless --force).
 
     Example: vlrl eval -c configs/demo-cpu.yaml -a runs/demo/sft-adapter -a runs/demo/grpo/adapter -n 200 -o runs/eval-holdout
     """
-    from vlrl.eval.evaluate import results_table, size_table
+    from vlrl.eval.evaluate import paired_table, result_pairs, results_table, size_table
     from vlrl.eval.protocol import evaluate_models
 
     ov = list(overrides or [])
@@ -62,6 +63,8 @@ def evaluate(
     s = results[0].summary()
     console.print(results_table(results, title=f"{split} split ({s['n']} tasks, split {s['split_version']}, tasks {s['tasks_hash'][:8]})"))
     console.print(size_table(results))
+    if result_pairs(results):
+        console.print(paired_table(results))
     console.print(f"summaries and traces in [bold]{out}[/] (re-check with: vlrl eval-verify {out})", highlight=False)
 
 

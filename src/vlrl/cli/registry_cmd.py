@@ -126,8 +126,9 @@ def promote(
 ) -> None:
     """Move a version to staging, or from staging to production, if it passes the promotion gate.
 
-    Gate: same base model; holdout success beats production (or the base model) by registry.holdout_margin with
-    non-overlapping 95% intervals; adversarial success drops at most registry.max_adversarial_drop.
+    Gate: same base model; holdout success beats production (or the base model) by registry.holdout_margin and
+    McNemar's exact test on the same tasks gives p < registry.max_p_value in the candidate's favour; adversarial
+    success drops at most registry.max_adversarial_drop.
     With registry.access_dir: role approver; with registry.two_person_rule: not the identity that registered it.
 
     Example: vlrl registry promote maze-3f2a9c0d1b7e 3 --to staging --reason "beats v2 on holdout"

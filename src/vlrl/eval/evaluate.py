@@ -3,6 +3,10 @@
 The summary is what the protocol compares models on: success rate with a Wilson 95% interval,
 turns taken against the oracle's optimum, invalid-action rate, success per maze size. Every
 episode's trace (maze JSON, actions, rewards) is kept so results can be re-verified offline.
+
+Each episode row carries its task's key (`task_key`: task id + content hash), so two results on
+the same tasks are paired task by task (`pair_results`, McNemar's test in `paired_table`);
+summary.json records every task's outcome under `outcomes` for the same reason.
 """
 
 from __future__ import annotations
@@ -15,11 +19,18 @@ from typing import Any
 from rich.table import Table
 
 from vlrl.config import RunConfig
-from vlrl.envs.base import Task
-from vlrl.eval.stats import Proportion
+from vlrl.envs.base import Task, task_content_hash
+from vlrl.errors import VlrlError
+from vlrl.eval.stats import PairedComparison, Proportion, pair_outcomes
 from vlrl.rollout.engine import RolloutEngine, SamplingParams
 from vlrl.rollout.episodes import Episode, run_episodes
 from vlrl.rollout.sequence import ChatFormat
+
+
+def task_key(task: Task) -> str:
+    """What pairs two models' episodes: the task id and the first 16 hex digits of its content hash
+    (the same id over another split version, i.e. another maze, is another key)."""
+    return f"{task.task_id}#{task_content_hash(task)[:16]}"
 
 
 def _size_row(episodes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -75,6 +86,14 @@ class EvalResult:
             **self.meta,
         }
 
+    def outcomes(self) -> dict[str, bool]:
+        """{task key: solved} for every episode, what a paired comparison matches on."""
+        missing = [i for i, e in enumerate(self.episodes) if "task_key" not in e]
+        if missing:
+            raise VlrlError(f"result {self.label} has episodes without a task key (e.g. #{missing[0]}); re-run `vlrl eval` "
+                            "with this version of vlrl to compare it task by task")
+        return {e["task_key"]: e["success"] > 0 for e in self.episodes}
+
     def as_metrics(self, prefix: str) -> dict[str, float]:
         """The summary's top-level numbers as {prefix/name: value}."""
         s = self.summary()
@@ -84,7 +103,10 @@ class EvalResult:
         """Write summary.json and traces.jsonl (one episode trace per line)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(self.summary(), indent=1))
+        summary = self.summary()
+        if all("task_key" in e for e in self.episodes):
+            summary["outcomes"] = {k: int(v) for k, v in self.outcomes().items()}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
         with (out / "traces.jsonl").open("w") as f:
             for t in self.traces:
                 f.write(json.dumps(t) + "\n")
@@ -92,7 +114,8 @@ class EvalResult:
 
 
 def result_from_episodes(episodes: list[Episode], label: str, split: str, decoding: str) -> EvalResult:
-    rows = [{**e.metrics, "size": e.task.params.get("size") if isinstance(e.task.params, dict) else dict(e.task.params).get("size"), "task_id": e.task.task_id} for e in episodes]
+    rows = [{**e.metrics, "size": e.task.params.get("size") if isinstance(e.task.params, dict) else dict(e.task.params).get("size"),
+             "task_id": e.task.task_id, "task_key": task_key(e.task)} for e in episodes]
     return EvalResult(label, split, decoding, rows, [e.trace for e in episodes])
 
 
@@ -135,3 +158,32 @@ def size_table(results: list[EvalResult], title: str = "per maze size") -> Table
             p = Proportion(row["successes"], row["n"])
             table.add_row(r.label, r.decoding, f"{size}x{size}", str(row["n"]), p.format(), _turns(row), f"{row['invalid_rate']:.1%}")
     return table
+
+
+def pair_results(a: EvalResult, b: EvalResult) -> PairedComparison:
+    """A against B task by task; refused (VlrlError) unless both played the same tasks."""
+    return pair_outcomes(a.outcomes(), b.outcomes(), f"{a.label} ({a.decoding})", f"{b.label} ({b.decoding})")
+
+
+def result_pairs(results: list[EvalResult]) -> list[tuple[EvalResult, EvalResult]]:
+    """(later, earlier) for every two results of the same decoding, in the given order: with
+    [base, sft, grpo] that is sft vs base, grpo vs base, grpo vs sft."""
+    return [(b, a) for i, a in enumerate(results) for b in results[i + 1:] if a.decoding == b.decoding]
+
+
+def paired_table(results: list[EvalResult], title: str = "paired comparisons (same tasks)") -> Table:
+    """One row per pair of models with the same decoding: discordant tasks, the difference with its
+    95% interval (Newcombe, paired) and McNemar's exact two-sided p-value."""
+    table = Table(title=title)
+    for col in ("A vs B", "decoding", "n", "A only (b)", "B only (c)", "A - B, points [95% CI]", "McNemar p"):
+        table.add_column(col)
+    for a, b in result_pairs(results):
+        pc = pair_results(a, b)
+        table.add_row(f"{a.label} vs {b.label}", a.decoding, str(pc.n), str(pc.only_a), str(pc.only_b),
+                      pc.format_difference(), format_p(pc.p_value))
+    return table
+
+
+def format_p(p: float) -> str:
+    """A p-value for a table: 4 significant digits, '<1e-6' below that."""
+    return "<1e-6" if p < 1e-6 else f"{p:.4g}"

@@ -4,7 +4,9 @@ Each model is loaded fresh (base weights + its adapter, or none for the base) an
 episode per task with the same decoding (greedy, sampled, or both). Three guards run before any
 model is loaded:
 
-1. no evaluated task of a held-out split appears in the training split (by maze content);
+1. no evaluated task of a held-out split shares anything with the training split: for the maze,
+   no wall layout (walls alone, mirrored and rotated copies included; `splits.train_overlap`),
+   so a held-out maze is never a known wall layout with a new start and goal;
 2. no model is evaluated on a split it was trained on: an adapter's (or full SFT model's)
    lineage records its training split's version and seed range; evaluating on that split, or on
    tasks whose seeds fall in that range, is refused unless `force=True` (`vlrl eval --force`);
@@ -12,8 +14,10 @@ model is loaded:
 
 Each result records exactly what was evaluated (model and adapter fingerprints, the split's
 version and a hash of the task list), so the registry can tell whether two evaluations are
-comparable, and `out_dir/<label>/` keeps summary.json and traces.jsonl for independent re-checks
-(`vlrl eval-verify`).
+comparable, and `out_dir/<label>/` keeps summary.json (with every task's outcome) and
+traces.jsonl for independent re-checks (`vlrl eval-verify`). All models play the same tasks, so
+`out_dir/paired.json` compares every two of them (same decoding) task by task: discordant counts,
+the paired difference with its 95% interval and McNemar's exact p-value (`eval.evaluate.paired_table`).
 """
 
 from __future__ import annotations
@@ -27,16 +31,17 @@ from typing import Any
 from vlrl.config import RunConfig
 from vlrl.envs.base import Task, build_split, env_class, overlapping_tasks, split_version
 from vlrl.errors import VlrlError
-from vlrl.eval.evaluate import EvalResult, evaluate_engine
+from vlrl.eval.evaluate import EvalResult, evaluate_engine, pair_results, result_pairs
 
 DECODINGS = ("greedy", "sampled")
 
 
 def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
-    """Refuse to evaluate on tasks whose content also appears in the training split.
+    """Refuse to evaluate on tasks that share content with the training split.
 
-    Environments that can answer without listing the training split (the maze: by its content
-    buckets) provide `train_overlap`; others are compared with every training task.
+    Environments that can answer without listing the training split (the maze: whether train owns
+    the task's wall layout) provide `train_overlap`; others are compared with every training task
+    by content hash.
     """
     cls = env_class(config.env.name)
     if hasattr(cls, "train_overlap"):
@@ -44,7 +49,8 @@ def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
     else:
         overlap = [a.task_id for a, _ in overlapping_tasks(list(tasks), build_split(config.env, "train"))]
     if overlap:
-        raise VlrlError(f"{len(overlap)} evaluation task(s) also appear in the training split, e.g. {overlap[0]}")
+        raise VlrlError(f"{len(overlap)} evaluation task(s) also appear in the training split (the same wall layout "
+                        f"counts), e.g. {overlap[0]}")
 
 
 def tasks_hash(tasks: list[Task]) -> str:
@@ -204,4 +210,8 @@ def evaluate_models(
     if out_dir is not None:
         index = [{"dir": result_dir_name(r.label, "greedy" if r.decoding == "greedy" else "sampled"), **r.summary()} for r in results]
         (Path(out_dir) / "results.json").write_text(json.dumps(index, indent=1))
+        paired = [{"a": a.label, "b": b.label, "decoding": a.decoding, **pair_results(a, b).to_json()}
+                  for a, b in result_pairs(results)]
+        if paired:
+            (Path(out_dir) / "paired.json").write_text(json.dumps(paired, indent=1))
     return results

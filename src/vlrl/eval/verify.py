@@ -3,7 +3,7 @@
 Every trace holds the maze as JSON and the model's raw responses. Replaying them through the
 environment (`envs.base.replay_trace`) recomputes each episode's success and return without any
 model; the recomputed success count must equal the one in summary.json. The replayed tasks are
-also checked against the training split by content (for the maze, by content bucket), so a
+also checked against the training split by content (for the maze, by wall layout), so a
 reader can confirm that none of the evaluated mazes was a training maze.
 """
 

@@ -33,7 +33,7 @@ from typing import Any
 from vlrl.config import RunConfig
 from vlrl.envs.base import Task, make_env, split_version
 from vlrl.errors import VlrlError
-from vlrl.eval.evaluate import EvalResult
+from vlrl.eval.evaluate import EvalResult, task_key
 from vlrl.eval.protocol import tasks_hash
 
 CONTEXT_ERRORS = ("maximum context length", "max_model_len", "too long")
@@ -136,7 +136,7 @@ def play_episode(client: Any, model: str, config: RunConfig, task: Task, setting
         messages.append({"role": "user", "content": result.observation.to_content("data_url")})
         turn += 1
     metrics = {**env.episode_metrics(), "truncated": float(truncated), "response_tokens": float(response_tokens)}
-    row = {**metrics, "size": dict(task.params).get("size"), "task_id": task.task_id}
+    row = {**metrics, "size": dict(task.params).get("size"), "task_id": task.task_id, "task_key": task_key(task)}
     trace = {**env.trace(), "served_by": served_by}
     return row, trace
 

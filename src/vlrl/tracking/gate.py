@@ -3,9 +3,14 @@
 A candidate passes when, on the SAME evaluation tasks (same split version, task list hash and
 decoding) as the baseline (the current production adapter, or the base model when there is none):
 
-    holdout      rate(candidate) - rate(baseline) >= registry.holdout_margin, and the 95% Wilson
-                 intervals do not overlap (candidate's lower bound above the baseline's upper bound);
+    holdout      rate(candidate) - rate(baseline) >= registry.holdout_margin (a gain worth having),
+                 and McNemar's exact test on the tasks only one of them solved (b: only the
+                 candidate, c: only the baseline) gives p < registry.max_p_value with b > c (a gain
+                 that is not luck; paired task by task, so the baseline record must carry (b, c));
     adversarial  rate(candidate) >= rate(baseline) - registry.max_adversarial_drop.
+
+The paired test replaced "the two 95% Wilson intervals do not overlap": both models play the same
+tasks, and most tasks are solved by both or by neither, so the unpaired intervals hid real gains.
 
 Every check is computed, so a refusal lists all reasons with their numbers. Missing evaluations
 fail their check with a message that says which `vlrl eval` to run.
@@ -17,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vlrl.errors import VlrlError
-from vlrl.eval.stats import Proportion, intervals_overlap
+from vlrl.eval.stats import PairedComparison, Proportion
 
 EVAL_FIELDS = ("successes", "n", "decoding", "split_version", "tasks_hash")
 
@@ -32,6 +37,9 @@ class EvalRecord:
     decoding: str
     split_version: str
     tasks_hash: str
+    # On a baseline record paired with the candidate: (b, c) = tasks only the candidate solved,
+    # tasks only this model solved, on the same tasks. None when the outcomes were not paired.
+    discordant: tuple[int, int] | None = None
 
     @property
     def proportion(self) -> Proportion:
@@ -47,16 +55,23 @@ class EvalRecord:
         return f"{self.proportion.format()} ({self.successes}/{self.n})"
 
     def to_json(self) -> dict[str, Any]:
-        """A plain dict; `from_json` reads it back."""
-        return asdict(self)
+        """A plain dict (without `discordant` when unpaired); `from_json` reads it back."""
+        data = asdict(self)
+        if self.discordant is None:
+            del data["discordant"]
+        else:
+            data["discordant"] = list(self.discordant)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EvalRecord:
         """Read `to_json` output (or an evaluation summary with the same keys)."""
         try:
+            pair = data.get("discordant")
+            discordant = None if pair is None else (int(pair[0]), int(pair[1]))
             return cls(str(data["split"]), int(data["successes"]), int(data["n"]), str(data["decoding"]),
-                       str(data["split_version"]), str(data["tasks_hash"]))
-        except (KeyError, TypeError, ValueError) as exc:
+                       str(data["split_version"]), str(data["tasks_hash"]), discordant)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise VlrlError(f"evaluation record lacks or has a bad field ({exc})") from None
 
     @classmethod
@@ -130,24 +145,42 @@ def _comparable(split: str, c: EvalRecord | None, b: EvalRecord | None, baseline
     return None
 
 
-def holdout_check(c: EvalRecord | None, b: EvalRecord | None, margin: float, baseline: str) -> list[GateCheck]:
-    """Margin and non-overlapping intervals on the holdout split (two checks)."""
+def holdout_check(c: EvalRecord | None, b: EvalRecord | None, margin: float, baseline: str,
+                  max_p_value: float = 0.05) -> list[GateCheck]:
+    """Margin and McNemar's paired test on the holdout split (two checks)."""
     bad = _comparable("holdout", c, b, baseline)
     if bad is not None:
         return [bad]
     gain = c.proportion.rate - b.proportion.rate
     numbers = {**_numbers(c, b), "gain": gain, "margin": margin}
     margin_ok = gain >= margin - 1e-12
-    separated = not intervals_overlap(c.proportion, b.proportion) and gain > 0
-    return [
-        GateCheck("holdout_margin", margin_ok,
-                  f"holdout {c.describe()} vs {baseline} {b.describe()}: {100 * gain:+.1f} points "
-                  f"{'>=' if margin_ok else '<'} margin {100 * margin:.1f}", numbers),
-        GateCheck("holdout_intervals", separated,
-                  f"holdout 95% intervals {'do not overlap' if separated else 'overlap'} "
-                  f"(candidate low {100 * numbers['candidate']['low']:.1f} vs {baseline} high {100 * numbers['baseline']['high']:.1f})",
-                  numbers),
-    ]
+    checks = [GateCheck("holdout_margin", margin_ok,
+                        f"holdout {c.describe()} vs {baseline} {b.describe()}: {100 * gain:+.1f} points "
+                        f"{'>=' if margin_ok else '<'} margin {100 * margin:.1f}", numbers)]
+    if b.discordant is None:
+        checks.append(GateCheck("holdout_paired_test", False,
+                                f"holdout: no task-by-task outcomes of the candidate and the {baseline} to pair; evaluate "
+                                "both with this version of vlrl (summary.json records every task's outcome) and register "
+                                "the candidate again with --eval DIR of both", numbers))
+        return checks
+    only_c, only_b = b.discordant
+    both = c.successes - only_c
+    neither = c.n - both - only_c - only_b
+    if min(both, neither, only_c, only_b) < 0 or both + only_b != b.successes:
+        raise VlrlError(f"holdout: paired counts b={only_c}, c={only_b} do not fit {c.successes}/{c.n} and "
+                        f"{b.successes}/{b.n}; register the candidate again with --eval DIR")
+    pair = PairedComparison(both, only_c, only_b, neither)
+    p_value = pair.p_value
+    low, high = pair.interval
+    passed = only_c > only_b and p_value < max_p_value
+    paired = {**numbers, "b": only_c, "c": only_b, "p_value": p_value, "max_p_value": max_p_value,
+              "difference_low": low, "difference_high": high}
+    direction = "better" if only_c > only_b else "not better"
+    checks.append(GateCheck("holdout_paired_test", passed,
+                            f"holdout paired on {pair.n} tasks: only the candidate solved {only_c}, only the {baseline} "
+                            f"{only_b} ({direction}); McNemar p = {p_value:.4g} {'<' if p_value < max_p_value else '>='} "
+                            f"{max_p_value:g}; difference {pair.format_difference()} points", paired))
+    return checks
 
 
 def adversarial_check(c: EvalRecord | None, b: EvalRecord | None, max_drop: float, baseline: str) -> list[GateCheck]:
@@ -165,9 +198,10 @@ def adversarial_check(c: EvalRecord | None, b: EvalRecord | None, max_drop: floa
 
 def promotion_gate(
     candidate: dict[str, EvalRecord], baseline: dict[str, EvalRecord], *, candidate_label: str, baseline_label: str,
-    holdout_margin: float, max_adversarial_drop: float,
+    holdout_margin: float, max_adversarial_drop: float, max_p_value: float = 0.05,
 ) -> GateDecision:
-    """Decide a promotion from per-split records of the candidate and the baseline."""
-    checks = holdout_check(candidate.get("holdout"), baseline.get("holdout"), holdout_margin, baseline_label)
+    """Decide a promotion from per-split records of the candidate and the baseline (the baseline's
+    holdout record carries the paired discordant counts)."""
+    checks = holdout_check(candidate.get("holdout"), baseline.get("holdout"), holdout_margin, baseline_label, max_p_value)
     checks += adversarial_check(candidate.get("adversarial"), baseline.get("adversarial"), max_adversarial_drop, baseline_label)
     return GateDecision(candidate_label, baseline_label, checks)

@@ -36,12 +36,14 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from vlrl.access import Identity, identity_from_file
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
+from vlrl.eval.stats import pair_outcomes
 from vlrl.tracking.gate import EvalRecord, GateDecision, decoding_kind, promotion_gate
 from vlrl.tracking.lineage import adapter_fingerprint, adapter_info, now_iso, read_adapter_lineage, who
 from vlrl.tracking.store import check_sqlite, mlflow_client, mlflow_errors, registry_uri, sqlite_path
@@ -78,6 +80,21 @@ def read_eval_summaries(eval_dirs: Iterable[str | Path]) -> list[dict[str, Any]]
                 raise VlrlError(f"{f} does not say which model it evaluated; re-run `vlrl eval` with this version of vlrl")
             summaries.append({**summary, "_file": str(f)})
     return summaries
+
+
+def _discordant_from_files(candidate_tags: dict[str, str], baseline_tags: dict[str, str], split: str) -> tuple[int, int] | None:
+    """(only the candidate solved, only the baseline solved), paired through the two versions' own
+    summary files (`eval.<split>.summary_file`) when both still exist and record per-task outcomes."""
+    outcomes = []
+    for tags in (candidate_tags, baseline_tags):
+        path = Path(tags.get(f"eval.{split}.summary_file", ""))
+        try:
+            outcomes.append(json.loads(path.read_text())["outcomes"])
+        except (OSError, ValueError, KeyError):
+            return None
+    pair = pair_outcomes(outcomes[0], outcomes[1], candidate_tags[f"eval.{split}.summary_file"],
+                         baseline_tags[f"eval.{split}.summary_file"])
+    return pair.only_a, pair.only_b
 
 
 def _peer_key(summary: dict[str, Any]) -> str:
@@ -348,6 +365,9 @@ class AdapterRegistry:
                 other = EvalRecord.from_summary(s)
                 if other.same_tasks(record):
                     peers[_peer_key(s)] = [other.successes, other.n]
+                    if "outcomes" in own and "outcomes" in s:  # paired: + [only the candidate solved, only this peer]
+                        pair = pair_outcomes(own["outcomes"], s["outcomes"], own["_file"], s["_file"])
+                        peers[_peer_key(s)] += [pair.only_a, pair.only_b]
             for key, value in record.to_json().items():
                 tags[f"eval.{split}.{key}"] = str(value)
             tags[f"eval.{split}.rate"] = f"{record.proportion.rate:.6f}"
@@ -366,16 +386,19 @@ class AdapterRegistry:
                 raise VlrlError(f"production v{prod.version} of '{name}' has base {prod.tags.get('base_fingerprint')}, "
                                 f"v{candidate.version} has {candidate.tags.get('base_fingerprint')}; they cannot be compared")
             label, key, own = f"production v{prod.version}", prod.tags.get("adapter_fingerprint"), self._evals(prod.tags)
+            own_tags = dict(prod.tags)
         else:
-            label, key, own = "base model", BASE_PEER, {}
+            label, key, own, own_tags = "base model", BASE_PEER, {}, {}
         baseline = {}
         for split, record in cand.items():
             peers = json.loads(candidate.tags.get(f"eval.{split}.peers", "{}"))
             if key in peers:  # evaluated in the same run as the candidate: the same tasks by construction
-                successes, n = peers[key]
-                baseline[split] = EvalRecord(split, int(successes), int(n), record.decoding, record.split_version, record.tasks_hash)
+                successes, n, *pair = peers[key]
+                baseline[split] = EvalRecord(split, int(successes), int(n), record.decoding, record.split_version, record.tasks_hash,
+                                             (int(pair[0]), int(pair[1])) if pair else None)
             elif split in own:
-                baseline[split] = own[split]
+                same = own[split].same_tasks(record)  # otherwise the gate refuses: evaluated on different tasks
+                baseline[split] = replace(own[split], discordant=_discordant_from_files(candidate.tags, own_tags, split) if same else None)
         return label, baseline
 
     def promote(self, name: str, version: str | int, to: str | None = None, reason: str | None = None) -> GateDecision:
@@ -410,12 +433,13 @@ class AdapterRegistry:
             baseline_label, baseline = self._baseline(name, model, v)
             decision = promotion_gate(self._evals(v.tags), baseline, candidate_label=f"v{v.version}",
                                       baseline_label=baseline_label, holdout_margin=self.settings.holdout_margin,
-                                      max_adversarial_drop=self.settings.max_adversarial_drop)
+                                      max_adversarial_drop=self.settings.max_adversarial_drop,
+                                      max_p_value=self.settings.max_p_value)
         previous = model.aliases.get(to)
         entry = self._audit({"action": "promote", "model": name, "version": int(v.version), "from": stages or ["-"], "to": to,
                              "decision": "passed" if decision.passed else "refused", "why": decision.reasons(),
                              "reason": reason, "replaces": previous, "gate": decision.to_json(),
-                             "settings": {"holdout_margin": self.settings.holdout_margin,
+                             "settings": {"holdout_margin": self.settings.holdout_margin, "max_p_value": self.settings.max_p_value,
                                           "max_adversarial_drop": self.settings.max_adversarial_drop,
                                           "decoding": self.settings.decoding,
                                           "two_person_rule": self.settings.two_person_rule}}, actor)

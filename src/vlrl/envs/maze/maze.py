@@ -53,6 +53,7 @@ import hashlib
 import random
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from vlrl.errors import VlrlError
@@ -150,6 +151,18 @@ class Maze:
         text = f"{layout}{self.size}|{bytes(self.open).hex()}|{self.start}|{self.goal}"
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def layout_hash(self) -> str:
+        """SHA-256 hex of the walls alone (layout, size, walls): what the maze is without its start and goal."""
+        return _walls_hash(self.layout, self.size, self.open)
+
+    def canonical_layout_hash(self) -> str:
+        """The smallest `layout_hash` over the maze's 8 mirror/rotation images.
+
+        Equal for a wall layout and every mirrored or rotated copy of it, so a split that owns a
+        layout by this hash also owns its disguises (see `vlrl.envs.maze.splits`).
+        """
+        return canonical_walls_hash(self.layout, self.size, self.open)
+
     # -- JSON --------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """The documented JSON form (see the module docstring)."""
@@ -235,6 +248,42 @@ class Maze:
                 old = self.open[r * n + c]
                 masks[nr * n + nc] = sum(side_map[s] for s in SIDES if old & s)
         return Maze(n, tuple(masks), where(*self.start), where(*self.goal), self.seed, self.generator, transform, self.layout)
+
+
+def _walls_hash(layout: str, size: int, masks: tuple[int, ...]) -> str:
+    return hashlib.sha256(f"{layout}|{size}|{bytes(masks).hex()}".encode()).hexdigest()
+
+
+def _side_table(side_map: dict[int, int]) -> tuple[int, ...]:
+    """For each of the 16 open-side masks, the mask with every side renamed by `side_map`."""
+    return tuple(sum(side_map[s] for s in SIDES if m & s) for m in range(16))
+
+
+_TURN_SIDES = _side_table({N: E, E: S, S: W, W: N})  # a quarter turn clockwise
+_MIRROR_SIDES = _side_table({N: N, S: S, E: W, W: E})  # left-right mirror
+
+
+@lru_cache(maxsize=None)
+def _symmetry_orders(n: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """The 8 mirror/rotation images as (source index per target square, side table per 16 masks)."""
+    turn = [0] * (n * n)  # turn[i]: the square that lands on i after a quarter turn (r, c) -> (c, n-1-r)
+    mirror = [0] * (n * n)
+    for i in range(n * n):
+        r, c = divmod(i, n)
+        turn[c * n + n - 1 - r] = i
+        mirror[r * n + n - 1 - c] = i
+    images = []
+    for order, sides in ((tuple(range(n * n)), tuple(range(16))), (tuple(mirror), _MIRROR_SIDES)):
+        for _ in range(4):
+            images.append((order, sides))
+            order = tuple(order[j] for j in turn)
+            sides = tuple(_TURN_SIDES[sides[m]] for m in range(16))
+    return tuple(images)
+
+
+def canonical_walls_hash(layout: str, size: int, masks: tuple[int, ...]) -> str:
+    """The smallest walls hash over the 8 images (4 rotations, each mirrored or not) of `masks`."""
+    return min(_walls_hash(layout, size, tuple(sides[masks[j]] for j in order)) for order, sides in _symmetry_orders(size))
 
 
 def _is_int(value: Any) -> bool:
