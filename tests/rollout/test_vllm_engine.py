@@ -11,6 +11,7 @@ episodes, 1.4e-6 between sampled (T=0.7) log-probs and the policy's re-scoring. 
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -338,3 +339,33 @@ def test_a_failing_in_memory_load_falls_back_to_files_for_good(pair, monkeypatch
         assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
     finally:
         engine.adapter_transport = "memory"  # the module's other tests expect the in-memory path
+
+
+@pytest.mark.vllm
+def test_split_adapter_served_by_plain_vllm_is_the_trained_policy(vision_pair, ci_model_dir, tmp_path):
+    """What `vlrl serve` serves after `vlrl model merge-vision`: vLLM with the merged base and the
+    language-model half (plain vLLM LoRA, nothing merged by the engine) answers as the trained policy."""
+    from safetensors.torch import load_file
+
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.models.vision_merge import merge_vision_into_base
+    from vlrl.rollout.vllm_engine import VLLMEngine
+
+    worker, _ = vision_pair
+    _set_vision_lora_b(worker, 0.3, seed=60)
+    saved = worker.save_adapter(tmp_path / "adapter")
+    base_dir, adapter_dir = merge_vision_into_base(ci_model_dir, saved, tmp_path / "split")
+    lm_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    engine = VLLMEngine(
+        base_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
+        lora_config={k: lm_config[k] for k in ("r", "lora_alpha", "target_modules")}, max_model_len=1024,
+        max_images=2, kv_cache_memory_mb=32,
+    )
+    try:
+        engine.update_adapter(load_file(str(adapter_dir / "adapter_model.safetensors")), 1)
+        assert engine._vision_base is None  # nothing merged by the engine: plain vLLM LoRA
+        prompts = _first_prompts(worker, 4)
+        assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+    finally:
+        engine.close()
+    assert model_fingerprint(base_dir) != model_fingerprint(ci_model_dir)

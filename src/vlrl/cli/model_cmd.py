@@ -91,3 +91,27 @@ def info(model_dir: Path = typer.Argument(..., help="A local model directory (co
     table.add_row("image min / max pixels", f"{size['shortest_edge']:,} / {size['longest_edge']:,}")
     console.print(table)
     console.print(f"fingerprint: {model_fingerprint(model_dir)}", soft_wrap=True)
+
+
+@app.command("merge-vision")
+def merge_vision(
+    adapter: Path = typer.Argument(..., help="An adapter directory with LoRA on the vision tower (model.lora.include_vision)."),
+    base: Path = typer.Option(..., "--base", help="The base model directory the adapter was trained on."),
+    out: Path = typer.Option(..., "--out", "-o", help="New directory: OUT/base (vision half merged) and OUT/adapter (language half)."),
+) -> None:
+    """Split an adapter for serving: its vision-tower LoRA merged into a new base, the rest as an adapter of it.
+
+    vLLM ignores LoRA on the vision tower, so `vlrl serve` refuses such adapters; served this way,
+    the endpoint answers with exactly the trained policy. The new adapter records the new base's
+    fingerprint and where it came from.
+
+    Example: vlrl model merge-vision runs/demo/grpo/adapter --base runs/demo/sft-model -o runs/demo/grpo-serve
+    """
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.models.vision_merge import merge_vision_into_base
+
+    _quiet_transformers()
+    with console.status(f"Merging the vision half of {adapter} into a copy of {base} ..."):
+        new_base, new_adapter = merge_vision_into_base(base, adapter, out)
+    console.print(f"[green]Wrote[/green] {new_base} (fingerprint {model_fingerprint(new_base)}) and {new_adapter}", soft_wrap=True)
+    console.print(f"serve with: vlrl serve --base {new_base} --adapter NAME={new_adapter}", soft_wrap=True)

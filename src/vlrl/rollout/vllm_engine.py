@@ -57,6 +57,7 @@ import torch
 from vlrl.errors import VlrlError
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence
+from vlrl.models import vision_merge
 from vlrl.rollout import vllm_compat as compat
 
 log = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ class VLLMEngine(RolloutEngine):
         """
         start = time.perf_counter()
         self.wake_up()  # a sleeping engine's weights and LoRA slots are not in GPU memory
-        language, vision = compat.split_adapter_state(state)
+        language, vision = vision_merge.split_adapter_state(state)
         if vision or self._vision_base is not None:
             # First: a weight reload drops vLLM's loaded adapters (0.32), so the LoRA comes after.
             self._load_vision(vision, version)
@@ -295,12 +296,12 @@ class VLLMEngine(RolloutEngine):
 
     def _load_vision(self, vision: dict[str, torch.Tensor], version: int) -> None:
         """Merge the adapter's vision-tower LoRA into the served vision weights (see vllm_compat)."""
-        pairs = compat.vision_lora_pairs(vision)
+        pairs = vision_merge.vision_lora_pairs(vision)
         if self._vision_base is None:
-            self._vision_base = compat.read_checkpoint_tensors(self.model_dir, set(pairs))
+            self._vision_base = vision_merge.read_checkpoint_tensors(self.model_dir, set(pairs))
         elif set(pairs) != set(self._vision_base):
             raise VlrlError(f"adapter version {version} has LoRA on other vision modules than the previous one")
-        merged = compat.merged_vision_weights(self._vision_base, vision, self.lora_config)
+        merged = vision_merge.merged_vision_weights(self._vision_base, vision, self.lora_config)
         try:
             self.vision_load = compat.load_vision_weights(self.llm, sorted(merged.items()))
         except Exception as exc:

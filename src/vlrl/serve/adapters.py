@@ -120,7 +120,17 @@ def adapter_rank(adapter_dir: str | Path) -> int:
 
 
 def verify_base(adapter_dir: str | Path, base_fingerprint: str) -> None:
-    """Refuse an adapter trained on other base weights, naming both fingerprints."""
+    """Refuse an adapter trained on other base weights, naming both fingerprints, and one with
+    LoRA on the vision tower, which vLLM would serve without it (models/vision_merge.py)."""
+    from vlrl.models.vision_merge import vision_tensor_count
+
+    vision = vision_tensor_count(adapter_dir)
+    if vision:
+        raise VlrlError(
+            f"adapter {adapter_dir} has LoRA on the vision tower ({vision} tensors), which vLLM ignores "
+            "(vllm-project/vllm#32541): the endpoint would serve another policy than the one trained; split it "
+            f"with `vlrl model merge-vision {adapter_dir} --base BASE -o OUT` and serve OUT/adapter on OUT/base"
+        )
     recorded = recorded_base(adapter_dir)
     if recorded != base_fingerprint:
         raise VlrlError(

@@ -1,0 +1,193 @@
+"""LoRA on the vision tower, for engines that only apply LoRA to the language model.
+
+vLLM (0.24 through at least 0.32) ignores adapter tensors on the vision tower without a word
+(vllm-project/vllm#32541): an adapter trained with `model.lora.include_vision` would be served as
+another policy than the one trained and evaluated. Two ways around it, both exact:
+
+- the rollout engine merges the vision half into its served weights after every sync
+  (`rollout/vllm_engine.py`, `merged_vision_weights`);
+- for serving, `vlrl model merge-vision` writes a new base (the old one with the adapter's vision
+  half merged: W + scale * B @ A) and the language-model half as an adapter of that base, with
+  the new base's fingerprint, so `vlrl serve` checks it like any other adapter
+  (`merge_vision_into_base`). `vlrl serve` refuses an adapter with vision-tower LoRA and names
+  this command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlrl.errors import VlrlError
+
+_LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<which>[AB])\.weight$")
+
+
+def is_vision_key(name: str) -> bool:
+    """True for adapter or checkpoint tensor names inside the vision tower (`...visual....`)."""
+    return ".visual." in f".{name}"
+
+
+def split_adapter_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(language-model tensors, vision-tower tensors) of a PEFT adapter state dict."""
+    language = {k: v for k, v in state.items() if not is_vision_key(k)}
+    vision = {k: v for k, v in state.items() if is_vision_key(k)}
+    return language, vision
+
+
+def vision_lora_pairs(vision_state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{checkpoint weight name: (lora_A, lora_B)} of the vision half of an adapter.
+
+    `base_model.model.model.visual.blocks.0.attn.qkv.lora_A.weight` belongs to the checkpoint
+    tensor `model.visual.blocks.0.attn.qkv.weight`.
+    """
+    halves: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in vision_state.items():
+        match = _LORA_KEY.match(name)
+        if match is None:
+            raise VlrlError(f"adapter tensor {name!r} on the vision tower is not a LoRA A/B weight; cannot merge it")
+        halves.setdefault(f"{match.group('module')}.weight", {})[match.group("which")] = tensor
+    pairs = {}
+    for weight, ab in halves.items():
+        if set(ab) != {"A", "B"}:
+            raise VlrlError(f"adapter has only lora_{''.join(ab)} for {weight}; it needs both A and B")
+        pairs[weight] = (ab["A"], ab["B"])
+    return pairs
+
+
+def lora_scale(lora_config: dict[str, Any]) -> float:
+    """PEFT's scaling of B @ A: alpha / r, or alpha / sqrt(r) with rsLoRA."""
+    rank, alpha = float(lora_config["r"]), float(lora_config.get("lora_alpha", lora_config["r"]))
+    return alpha / rank ** 0.5 if lora_config.get("use_rslora") else alpha / rank
+
+
+def merged_vision_weights(
+    base: dict[str, torch.Tensor], vision_state: dict[str, torch.Tensor], lora_config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """Base vision weights with the adapter's vision LoRA merged in (computed in fp32, cast back)."""
+    scale = lora_scale(lora_config)
+    out = {}
+    for name, (a, b) in vision_lora_pairs(vision_state).items():
+        if name not in base:
+            raise VlrlError(f"the base checkpoint has no tensor {name}; the adapter's vision LoRA does not fit it")
+        w = base[name]
+        delta = (b.to(torch.float32) @ a.to(torch.float32)) * scale
+        if delta.shape != w.shape:
+            raise VlrlError(f"vision LoRA for {name} has shape {tuple(delta.shape)}, the base weight {tuple(w.shape)}")
+        out[name] = (w.to(torch.float32) + delta).to(w.dtype)
+    return out
+
+
+def read_checkpoint_tensors(model_dir: str | os.PathLike, names: set[str]) -> dict[str, torch.Tensor]:
+    """The named tensors of a safetensors checkpoint directory (one file or sharded), on CPU."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base vision weights")
+    found: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in set(handle.keys()) & (names - set(found)):
+                found[name] = handle.get_tensor(name)
+    missing = sorted(names - set(found))
+    if missing:
+        raise VlrlError(f"{model_dir} lacks {len(missing)} base tensors the vision LoRA needs (e.g. {missing[0]})")
+    return found
+
+
+def adapter_tensor_names(adapter_dir: str | Path) -> list[str]:
+    """Tensor names of a PEFT adapter directory's adapter_model.safetensors (read from the header)."""
+    from safetensors import safe_open
+
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise VlrlError(f"{adapter_dir} has no adapter_model.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        return list(handle.keys())
+
+
+def vision_tensor_count(adapter_dir: str | Path) -> int:
+    """How many of an adapter's tensors sit on the vision tower."""
+    return sum(is_vision_key(name) for name in adapter_tensor_names(adapter_dir))
+
+
+def merge_vision_into_base(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write OUT/base (the base with the adapter's vision LoRA merged) and OUT/adapter (the
+    language-model half, recording OUT/base's fingerprint); returns both paths.
+
+    The base must be the one the adapter was trained on (its fingerprint is checked). Files other
+    than the weights (config, tokenizer, processor) are copied; each safetensors file keeps its
+    name, so a sharded checkpoint stays sharded. Written aside and renamed: a failure leaves no
+    half-written OUT.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.models.lora import ADAPTER_RECORD, lora_target_regex, read_adapter_record
+
+    base_dir, adapter_dir, out = Path(base_dir), Path(adapter_dir), Path(out_dir)
+    if not (base_dir / "config.json").is_file():
+        raise VlrlError(f"base model {base_dir} has no config.json; pass the directory the adapter was trained on")
+    record = read_adapter_record(adapter_dir)
+    base_fp = model_fingerprint(base_dir)
+    if record.get("base_fingerprint") != base_fp:
+        raise VlrlError(f"adapter {adapter_dir} was trained on base {record.get('base_fingerprint')}, not {base_dir} ({base_fp})")
+    if out.exists():
+        raise VlrlError(f"{out} exists; choose a new output directory (nothing was written)")
+    state = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    language, vision = split_adapter_state(state)
+    if not vision:
+        raise VlrlError(f"adapter {adapter_dir} has no LoRA on the vision tower; serve it as it is")
+    lora_config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    pairs = vision_lora_pairs(vision)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        (tmp / "base").mkdir(parents=True)
+        merged_names: set[str] = set()
+        for item in base_dir.iterdir():
+            if item.suffix == ".safetensors":
+                tensors = load_file(str(item))
+                here = {name: tensors[name] for name in pairs if name in tensors}
+                tensors.update(merged_vision_weights(here, {k: v for k, v in vision.items()
+                                                            if _weight_name(k) in here}, lora_config))
+                merged_names |= set(here)
+                save_file(tensors, str(tmp / "base" / item.name), metadata={"format": "pt"})
+            elif item.is_file():
+                shutil.copy2(item, tmp / "base" / item.name)
+        missing = sorted(set(pairs) - merged_names)
+        if missing:
+            raise VlrlError(f"the base checkpoint has no tensor {missing[0]}; the adapter's vision LoRA does not fit it")
+        (tmp / "adapter").mkdir()
+        save_file({k: v.contiguous() for k, v in language.items()}, str(tmp / "adapter" / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        leaves = sorted({m.group("module").rsplit(".", 1)[-1] for k in language if (m := _LORA_KEY.match(k))})
+        lm_config = {**lora_config, "target_modules": lora_target_regex(leaves, include_vision=False)}
+        (tmp / "adapter" / "adapter_config.json").write_text(json.dumps(lm_config, indent=2) + "\n", encoding="utf-8")
+        new_record = {**record, "base_fingerprint": model_fingerprint(tmp / "base"),
+                      "derived_from": {"adapter": str(adapter_dir.resolve()), "base_fingerprint": base_fp,
+                                       "vision_tensors_merged": len(vision)}}
+        (tmp / "adapter" / ADAPTER_RECORD).write_text(json.dumps(new_record, indent=2) + "\n", encoding="utf-8")
+        for name in ("vlrl_lineage.json",):  # what produced the adapter travels with its language half
+            if (adapter_dir / name).is_file():
+                shutil.copy2(adapter_dir / name, tmp / "adapter" / name)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    # The fingerprint was computed in tmp; the cache keys on the path, so compute it for the final one.
+    return out / "base", out / "adapter"
+
+
+def _weight_name(adapter_key: str) -> str:
+    match = _LORA_KEY.match(adapter_key)
+    return f"{match.group('module')}.weight" if match else ""
