@@ -6,7 +6,7 @@
 # No model weights are baked in: models live on shared storage (/fsx/models) and are read offline.
 # See docs/cluster.md for the whole path from an empty EKS cluster to a served adapter.
 
-# CUDA 13.0 runtime on Ubuntu 24.04 (Python 3.12). The PyPI wheels of torch 2.13.0 are CUDA 13.0
+# CUDA 13.0 runtime on Ubuntu 24.04 (Python 3.12). The PyPI wheels of torch 2.11.0 are CUDA 13.0
 # builds that bring their own cuBLAS, cuDNN and NCCL, so a cuDNN base image would only add a second
 # copy. Nodes need an NVIDIA driver that supports CUDA 13 (R580 or newer).
 FROM nvidia/cuda:13.0.2-runtime-ubuntu24.04
@@ -36,12 +36,14 @@ RUN python3.12 -m venv /opt/venv \
  && pip install --no-cache-dir --upgrade pip \
  && echo 'export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/vlrl-venv.sh
 
-# The heavy pinned stack in its own layer, rebuilt only when a pin changes. vLLM 0.32.0 requires
-# exactly torch 2.13.0 (and transformers <5.20, as pyproject.toml does); the constraints file keeps
-# the project install below from moving any of the three.
-RUN printf '%s\n' torch==2.13.0 vllm==0.32.0 ray==2.60.0 > /opt/vlrl-constraints.txt \
+# The heavy pinned stack in its own layer, rebuilt only when a pin changes. The (torch, vLLM) pair
+# is one that has run on an H200 with vlrl's engine checks (bench/gpu_vllm.sh, bench/RESULTS.md):
+# vLLM 0.24.0 requires exactly torch 2.11.0 (CUDA 13). vlrl supports vLLM 0.24 through 0.32
+# (src/vlrl/rollout/vllm_compat.py); moving to another version means re-running those checks. The
+# constraints file keeps the project install below from moving any of the three.
+RUN printf '%s\n' torch==2.11.0 vllm==0.24.0 ray==2.60.0 > /opt/vlrl-constraints.txt \
  && pip install --no-cache-dir -c /opt/vlrl-constraints.txt \
-      torch==2.13.0 vllm==0.32.0 "ray[default]==2.60.0"
+      torch==2.11.0 vllm==0.24.0 "ray[default]==2.60.0"
 
 # The project itself (non-editable). configs/ stays in the image for reference and quick tests.
 WORKDIR /opt/vlrl
@@ -50,7 +52,7 @@ COPY src ./src
 COPY configs ./configs
 RUN pip install --no-cache-dir -c /opt/vlrl-constraints.txt ".[ray,tracking,metrics,serve]" \
  && vlrl --help > /dev/null \
- && python -c "import ray, torch; assert ray.__version__ == '2.60.0', ray.__version__; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+ && python -c "import ray, torch; assert ray.__version__ == '2.60.0', ray.__version__; assert torch.__version__.startswith('2.11.0'), torch.__version__"
 
 # Offline by design: the cluster never downloads from a model hub; no usage telemetry either.
 # VLLM_USE_FLASHINFER_SAMPLER=0: this runtime image has no nvcc for FlashInfer's JIT sampler kernels.

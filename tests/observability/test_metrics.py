@@ -21,6 +21,7 @@ RECORD = {
     "groups/dropped": 1.0, "train/loss": -0.01, "train/kl": 0.002, "train/entropy": 1.5, "train/clip_fraction": 0.05,
     "train/grad_norm": 0.8, "train/lr": 1e-3, "time/rollout_s": 2.0, "time/generate_s": 1.5, "time/env_s": 0.25,
     "time/update_s": 1.0, "time/logprob_s": 0.25, "time/optim_s": 0.7, "time/sync_s": 0.01, "time/step_s": 3.1,
+    "sync/transport_memory": 1.0, "sync/transport_disk": 0.0,
     "throughput/rollout_tokens_per_s": 112.0, "throughput/train_tokens_per_s": 900.0, "throughput/episodes_per_s": 4.0,
     "eval/success_rate": 0.5, "eval/success_low": 0.2, "eval/success_high": 0.8, "eval/n": 8.0, "eval/mean_turns": 4.0,
     "eval/invalid_rate": 0.1, "resource/1/host_memory_used_bytes": 2e9, "resource/1/gpu/3/utilization_percent": 80.0,
