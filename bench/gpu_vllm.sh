@@ -12,7 +12,8 @@
 #   run(carry=[".vg0"], command="bash .vg0/stash.sh")   # likewise .vg1, .vg2
 #   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh checks")     # checks + 5-step train
 #   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh bench")      # 8B-shape step: vlrl+vLLM, TRL+vLLM
-#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh extra")      # update memory (issue 17), serving
+#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh serve")      # vlrl serve under load, swaps
+#   run(carry=[".whl"], command="bash bench/gpu_vllm.sh extra")             # update memory (issue 17)
 set -uo pipefail
 MODE=${1:-checks}
 OUT=${OUT:-/tmp/gpu-vllm}
@@ -24,17 +25,25 @@ stamp() { echo "== [$(($(date +%s) - T0)) s] $*"; }
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false VLLM_LOGGING_LEVEL=WARNING
 stamp "$MODE $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-bash .vg/setup.sh || { echo "vLLM bundle missing: stash .vg0-.vg2 first"; exit 1; }
+if [ "$MODE" != extra ]; then
+  bash .vg/setup.sh || { echo "vLLM bundle missing: stash .vg0-.vg2 first"; exit 1; }
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=/tmp/vllm-site:/tmp/site:$PWD/src
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
-python3 -c "import torch, transformers, vllm; print('torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+python3 -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 
 TINY=/tmp/tiny-ci
 M8B=/tmp/m8b
 case "$MODE" in
+serve)
+  stamp "serving: vlrl serve on the GPU (tiny model, two adapters), 32 then 128 clients, a swap in each phase"
+  timeout 280 python3 bench/serve_load.py --make-tiny /tmp/serve-bench --clients 32,128 --duration 20 \
+    --json "$OUT/serve_load.json"
+  echo "serve_load exit $?"
+  ;;
 checks)
   stamp "engine checks (bf16, vision-tower LoRA)"
   timeout 300 python3 bench/gpu_vllm_checks.py --model-dir $TINY --out "$OUT/checks.json"
@@ -52,10 +61,10 @@ checks)
   ;;
 bench)
   stamp "vlrl, vLLM engine colocated (8B shape)"
-  timeout 330 python3 bench/grpo_bench.py --engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 \
+  timeout 300 python3 bench/grpo_bench.py --engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 \
     --decode-sweep 64,256 --gpu-memory-utilization 0.35 --out "$OUT/vlrl_vllm.json"
   stamp "TRL GRPOTrainer + colocated vLLM, same workload, same GPU"
-  timeout 260 python3 bench/grpo_bench.py --trl-only --trl-vllm --model $M8B --warmup 1 --steps 2 \
+  timeout 240 python3 bench/grpo_bench.py --trl-only --trl-vllm --model $M8B --warmup 1 --steps 2 \
     --gpu-memory-utilization 0.3 --out "$OUT/trl_vllm.json"
   [ -f "$OUT/vlrl_vllm.json" ] && [ -f "$OUT/trl_vllm.json" ] && \
     python3 bench/grpo_bench.py --merge "$OUT/vlrl_vllm.json" "$OUT/trl_vllm.json" --out "$OUT/side_by_side.json"
@@ -65,11 +74,6 @@ extra)
     stamp "update memory, 8B shape (issue 17)"
     timeout 300 python3 bench/update_memory.py --out "$OUT/update_memory.json"
   fi
-  stamp "serving: vlrl serve on the GPU, 32 and 128 clients, a swap in the middle"
-  for c in 32 128; do
-    timeout 150 python3 bench/serve_load.py --make-tiny /tmp/serve-bench --clients $c --duration 20 \
-      --json "$OUT/serve_load_$c.json"
-  done
   ;;
 esac
 stamp "done ($MODE)"

@@ -207,7 +207,8 @@ def main() -> int:
     parser.add_argument("--adapter", type=Path, help="The version served at the start.")
     parser.add_argument("--swap-to", type=Path, help="The version swapped in at --swap-at (omit: no swap).")
     parser.add_argument("--swap-at", type=float, default=0.5, help="When to swap, as a fraction of the duration.")
-    parser.add_argument("--clients", "-C", type=int, default=32)
+    parser.add_argument("--clients", "-C", default="32", help="Concurrent clients; a comma list (32,128) runs one load "
+                        "phase per count on the same server, each with a swap (back and forth between the two versions).")
     parser.add_argument("--duration", "-D", type=float, default=30.0)
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--config", "-c", type=Path, default=ROOT / "configs" / "ci-tiny.yaml", help="Env and rollout settings.")
@@ -246,22 +247,31 @@ def main() -> int:
             raise
         url = server.url
         print(f"server ready in {time.perf_counter() - t:.1f} s (log {log})", file=sys.stderr)
-    swap = None
-    model = args.name
-    if args.swap_to is not None and args.swap_mode == "route":
-        swap = lambda: swap_adapter(url, api_key, args.name, args.swap_to)  # noqa: E731
-    elif args.swap_to is not None:
-        swap, model = vllm_only_swap(url, api_key, args.adapter, args.swap_to, args.swap_mode)
+    counts = [int(c) for c in str(args.clients).split(",") if c.strip()]
+    reports = []
     try:
-        samples, record, elapsed = asyncio.run(run_load(url, api_key, model, config, args.clients, args.duration, swap, args.swap_at))
+        for phase, clients in enumerate(counts):
+            # Each phase swaps once: to --swap-to, then back to --adapter, and so on.
+            target = args.swap_to if phase % 2 == 0 else args.adapter
+            swap, model = None, args.name
+            if target is not None and args.swap_mode == "route":
+                swap = lambda target=target: swap_adapter(url, api_key, args.name, target)  # noqa: E731
+            elif target is not None:
+                old = args.adapter if phase % 2 == 0 else args.swap_to
+                swap, model = vllm_only_swap(url, api_key, old, target, args.swap_mode)
+            samples, record, elapsed = asyncio.run(run_load(url, api_key, model, config, clients, args.duration, swap, args.swap_at))
+            report = summarize(samples, record, elapsed, clients, args.duration)
+            report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+            print(json.dumps(report, indent=1))
+            reports.append(report)
     finally:
         if server is not None:
             server.stop()
-    report = summarize(samples, record, elapsed, args.clients, args.duration)
-    report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
-    print(json.dumps(report, indent=1))
+    report = reports[0] if len(reports) == 1 else {"phases": reports, "errors": sum(r["errors"] for r in reports)}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
+    if len(reports) > 1:
+        return 0 if report["errors"] == 0 and not any((r.get("swap") or {}).get("error") for r in reports) else 1
     return 0 if report["errors"] == 0 and not (report.get("swap") or {}).get("error") else 1
 
 
