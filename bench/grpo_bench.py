@@ -617,12 +617,19 @@ def with_ratio(result: dict[str, Any]) -> dict[str, Any]:
 def merge(vlrl_result: dict[str, Any], trl_result: dict[str, Any]) -> dict[str, Any]:
     """One result from a vlrl-only and a TRL-only run of the same workload (e.g. on two GPUs at once)."""
     keys = ("model", "dtype", "lora_rank", "prompts", "samples", "new_tokens", "micro_batch", "maze_size", "cell_px")
-    a, b = vlrl_result["settings"], trl_result["settings"]
+    a, b = (_resolved_model(r["settings"]) for r in (vlrl_result, trl_result))
     different = [k for k in keys if a[k] != b[k]]
     if different:
         raise ValueError(f"the two runs differ in {different}: not the same workload")
     merged = {**vlrl_result, "trl": trl_result["trl"], "trl_environment": trl_result["environment"]}
     return with_ratio(merged)
+
+
+def _resolved_model(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings with `model` naming the directory actually loaded (a preset saved to model_dir for vLLM)."""
+    if settings.get("model_dir") and not Path(str(settings["model"])).is_absolute():
+        return {**settings, "model": settings["model_dir"]}
+    return settings
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -641,7 +648,8 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     if "vlrl" in result:
         lines.append(f"vlrl engine: {result['vlrl']['engine_path']} (fast_decode={s['fast_decode']}, compile={s['compile_decode']})")
-    lines += ["", f"{'metric':<36}" + "".join(f"{name:>16}" for name, _ in columns)]
+    width = max([16] + [len(name) + 2 for name, _ in columns])
+    lines += ["", f"{'metric':<36}" + "".join(f"{name:>{width}}" for name, _ in columns)]
 
     def row(label: str, key: str, fmt: str = "{:,.2f}", where: str = "summary") -> None:
         cells = []
@@ -649,7 +657,7 @@ def format_table(result: dict[str, Any]) -> str:
             value = part.get(where, {}).get(key)
             cells.append(fmt.format(value) if value is not None else "-")
         if any(c != "-" for c in cells):
-            lines.append(f"{label:<36}" + "".join(f"{c:>16}" for c in cells))
+            lines.append(f"{label:<36}" + "".join(f"{c:>{width}}" for c in cells))
 
     row("s / step", "step_s", "{:.2f}")
     row("completions / s", "completions_per_s")
