@@ -81,6 +81,7 @@ RESUME_SAFE_KEYS = (
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.sft",  # read by `vlrl sft` only
+    "train.guards",  # e.g. a raised bound after a guard stopped the run (docs/observability.md)
     "runtime",  # address, workers (resharding), placement, timeouts, threads, restarts
     "storage",  # a moved run directory
     "tracking",

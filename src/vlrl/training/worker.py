@@ -293,6 +293,14 @@ class Worker:
         distributed.load_adapter_state(self.model, adapter)
         distributed.load_optimizer_state(self.model, self.policy.optimizer, state["optimizer"])
         self.policy.scheduler.load_state_dict(state["scheduler"])
+        # The scheduler's state does not reach the optimizer: put the LR of its last step back
+        # (an optimizer state from before the first step holds no param groups to restore it).
+        for group, lr in zip(self.policy.optimizer.param_groups, self.policy.scheduler.get_last_lr()):
+            group["lr"] = lr
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Learning rate = train.lr x scale x the schedule, from the next optimizer step on (guard rollbacks)."""
+        self.policy.set_lr_scale(scale)
 
     def resources(self) -> dict[str, float]:
         """This worker's host memory and (on a GPU) utilisation and peak memory since the last
