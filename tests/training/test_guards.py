@@ -241,7 +241,8 @@ def test_rollback_after_a_learning_rate_blow_up(make, tmp_path):
     """lr = 1e6: after step 1's update the KL to the reference jumps at step 2 (0.027 against
     below 0.001 at lr 1e-3 on this tiny model). `rollback`
     goes back to the step-0 checkpoint with lr x 1e-9 (= 1e-3) and the run finishes; the undone
-    steps' records are kept aside; the LR scale is in the checkpoints and survives a resume."""
+    steps' records are kept aside; the LR scale is in the checkpoints and survives a resume; the
+    report lists the event and the rollback."""
     cfg = make("train.steps=3", "train.lr=1e6", "algo.kl_coef=0.01", "train.guards.kl_max.enabled=true",
                "train.guards.kl_max.bound=0.01", "train.guards.kl_max.action=rollback", "train.guards.rollback_lr_factor=1e-9")
     run = tmp_path / "run"
@@ -258,6 +259,12 @@ def test_rollback_after_a_learning_rate_blow_up(make, tmp_path):
     assert undone[0]["train/lr"] == 1e6 and undone[1]["guard/kl_max/rollback"] == 1.0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000000", "step-000003"]
     trainer.close()
+
+    from vlrl.report.html import write_report
+
+    section = write_report(run).read_text().split("<h2>Stability guards</h2>")[1].split("<h2>")[0]
+    assert section.count("<tr>") == 3  # the header, the event, the rollback
+    assert "<b>rollback</b>" in section and "train/kl=" in section and "rolled back to" in section and "x 1e-09" in section
 
     resumed = _trainer(cfg, run)
     resumed.load_checkpoint("auto")
@@ -277,6 +284,19 @@ def test_rollbacks_beyond_the_limit_stop_the_run(make, tmp_path):
     events = [(e["event"], e.get("action")) for e in _lines(tmp_path / "run" / "run-events.jsonl")]
     assert events == [("guard", "rollback"), ("rollback", None), ("guard", "stop")]
     assert trainer.guard_state.lr_scale == 0.5
+    trainer.close()
+
+
+def test_rollback_without_a_checkpoint_stops(make, tmp_path):
+    """Steps driven by hand (no `train`, so no step-0 checkpoint): nothing to roll back to, so the
+    rollback becomes a stop, which still writes its checkpoint."""
+    cfg = make("train.steps=2", "train.guards.entropy_min.enabled=true", "train.guards.entropy_min.bound=100",
+               "train.guards.entropy_min.action=rollback")
+    trainer = _trainer(cfg, tmp_path / "run")
+    with pytest.raises(GuardStop, match=r"rollback refused: no valid checkpoint to go back to\) \(checkpoint .*step-000001\)$"):
+        trainer.step()
+    assert trainer.history[-1]["guard/entropy_min/stop"] == 1.0
+    assert verify(str(tmp_path / "run" / "checkpoints" / "step-000001")) is None
     trainer.close()
 
 
@@ -343,14 +363,30 @@ def test_reward_hacking_stops_the_run(make, tmp_path):
     trainer.close()
 
 
-def test_report_shows_the_guard_events(make, tmp_path):
-    from vlrl.report.html import write_report
+def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatch):
+    """`skip` with the policy in a Ray actor (one worker; the env is the plain maze, whose rewards
+    are all 0 for this model, so the fault is an entropy floor above reality): the pre-update
+    state comes back from the actor and goes back into it."""
+    ray = pytest.importorskip("ray")
+    from vlrl.runtime.cluster import apply_auth_settings
 
-    trainer = _trainer(make("train.steps=2", "train.guards.entropy_min.enabled=true", "train.guards.entropy_min.bound=100",
-                            "train.guards.entropy_min.action=skip"), tmp_path / "run")
-    trainer.train()
-    trainer.close()
-    page = write_report(tmp_path / "run").read_text()
-    section = page.split("<h2>Stability guards</h2>")[1].split("<h2>")[0]
-    assert section.count("<tr>") == 3  # header + one row per step
-    assert "entropy_min" in section and "<b>skip</b>" in section and "train/entropy=" in section
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    apply_auth_settings()
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
+    try:
+        cfg = make("env.name=maze", "runtime.backend=ray", "runtime.placement_timeout_s=60", "train.steps=2",
+                   "train.guards.entropy_min.bound=100", "train.guards.entropy_min.action=skip")
+        trainer = _trainer(cfg, tmp_path / "run")
+        initial = _state(trainer)
+        trainer.step()  # healthy: the actor's optimizer gets its AdamW state
+        before = _state(trainer)
+        assert not _same_state(before, initial)
+        trainer.config.train.guards.entropy_min.enabled = True  # the driver runs the checks: an entropy floor from now on
+        m = trainer.step()
+        assert m.values["guard/entropy_min/skip"] == 1.0 and _same_state(_state(trainer), before)
+        trainer.close()
+    finally:
+        ray.shutdown()

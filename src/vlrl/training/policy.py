@@ -7,6 +7,7 @@
     for each epoch, for each mini-batch (one optimizer step):
         for each micro-batch: loss = grpo_loss(...) * (its share of the mini-batch); backward
         clip the gradient norm; AdamW step; learning-rate schedule step
+        (a non-finite gradient norm: no step at all while train.guards.nonfinite is on)
 
 Log-probs are of `sequence[t+1]` given `sequence[:t+1]`; only tokens the policy sampled
 (loss mask 1) count, never prompt or environment tokens. An episode's advantage is one number

@@ -405,14 +405,28 @@ class GRPOTrainer:
         return self.worker.adapter_state(), self.worker.training_state()
 
     def _escalate_rollbacks(self, events: list[GuardEvent]) -> None:
-        """A rollback beyond train.guards.max_rollbacks stops the run instead (before the record names the action)."""
-        limit = self.config.train.guards.max_rollbacks
-        if self.guard_state.rollbacks < limit:
+        """A rollback that cannot happen stops the run instead: beyond train.guards.max_rollbacks,
+        or with no checkpoint to go back to (decided before the record names the action)."""
+        rollbacks = [e for e in events if e.action == "rollback"]
+        if not rollbacks:
             return
-        for e in events:
-            if e.action == "rollback":
-                e.action = "stop"
-                e.message += f" (rollback refused: train.guards.max_rollbacks={limit} reached)"
+        limit = self.config.train.guards.max_rollbacks
+        if self.guard_state.rollbacks >= limit:
+            why = f"train.guards.max_rollbacks={limit} reached"
+        elif self._rollback_source() is None:
+            why = "no valid checkpoint to go back to"
+        else:
+            return
+        for e in rollbacks:
+            e.action = "stop"
+            e.message += f" (rollback refused: {why})"
+
+    def _rollback_source(self) -> str | None:
+        """The checkpoint a rollback goes back to: this run's newest valid one, else the one it resumed from."""
+        source = self.checkpoints.newest_valid()
+        if source is None and self.resumed_from and verify(self.resumed_from) is None:
+            source = self.resumed_from  # resumed from another run's checkpoint, none of its own yet
+        return source
 
     def _act_on_guards(self, events: list[GuardEvent]) -> None:
         """Record the step's guard events, then roll back or stop when one asks for it (the
@@ -429,16 +443,11 @@ class GRPOTrainer:
             also = "".join(f"; also {e.check}: {e.message}" for e in others)
             raise GuardStop(f"guard {first.check} stopped the run at step {first.step}: {first.message}{also} (checkpoint {path})")
         if action == "rollback":
-            self._rollback(next(e for e in events if e.action == "rollback"))
+            self._rollback(next(e for e in events if e.action == "rollback"), self._rollback_source())
 
-    def _rollback(self, cause: GuardEvent) -> None:
-        """Back to the newest valid checkpoint with the learning rate x train.guards.rollback_lr_factor.
+    def _rollback(self, cause: GuardEvent, source: str) -> None:
+        """Back to checkpoint `source` with the learning rate x train.guards.rollback_lr_factor.
         The records of the steps undone move to RUN_DIR/metrics-rolled-back.jsonl."""
-        source = self.checkpoints.newest_valid()
-        if source is None and self.resumed_from and verify(self.resumed_from) is None:
-            source = self.resumed_from  # resumed from another run's checkpoint, none of its own yet
-        if source is None:
-            raise GuardStop(f"guard {cause.check} found no checkpoint to roll back to at step {cause.step}: {cause.message}")
         g = self.config.train.guards
         self.guard_state.rollbacks += 1
         self.guard_state.lr_scale *= g.rollback_lr_factor
