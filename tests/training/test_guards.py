@@ -199,19 +199,21 @@ def test_nonfinite_skip_drops_the_update(bad, make, tmp_path):
 
 
 def test_nonfinite_stop_is_the_default_checkpoints_and_raises_one_line(make, tmp_path):
-    """Default guards: a NaN reward at step 2 stops the run with a checkpoint of that step; the
-    step records and the step-1 checkpoint written before are intact."""
+    """Default guards: a reward function returning inf from step 2 on (NaN gradient) stops the run
+    with a checkpoint of that step, whose adapter is step 1's (the gradient was never applied; no
+    copy of the state is kept by default); the records and the step-1 checkpoint are intact."""
     cfg = make("train.steps=4", "train.checkpoint_every=1")
     trainer = _trainer(cfg, tmp_path / "run")
-    trainer.on_step = lambda m: FAULT.update(reward=lambda text: math.nan) if m.step == 1 else None
+    trainer.on_step = lambda m: FAULT.update(reward=lambda text: math.inf if len(text) % 2 else 1.0) if m.step == 1 else None
     with pytest.raises(GuardStop) as stop:
         trainer.train()
     message = str(stop.value)
-    assert "\n" not in message and message.startswith("guard nonfinite stopped the run at step 2: reward/mean=nan")
+    assert "\n" not in message and message.startswith("guard nonfinite stopped the run at step 2: reward/mean=inf, train/loss=nan")
     checkpoints = tmp_path / "run" / "checkpoints"
     assert message.endswith(f"(checkpoint {checkpoints / 'step-000002'})")
     assert verify(str(checkpoints / "step-000001")) is None and verify(str(checkpoints / "step-000002")) is None
-    saved = read_checkpoint(str(checkpoints / "step-000002"))
+    first, saved = read_checkpoint(str(checkpoints / "step-000001")), read_checkpoint(str(checkpoints / "step-000002"))
+    assert _same_state(first.adapter, saved.adapter) and all(torch.isfinite(v).all() for v in saved.adapter.values())
     assert [r["step"] for r in saved.trainer["history"]] == [1, 2] and "guard/nonfinite/stop" in saved.trainer["history"][-1]
     assert [r["step"] for r in _lines(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
     assert [e["event"] for e in _lines(tmp_path / "run" / "run-events.jsonl")] == ["guard"]
@@ -364,9 +366,10 @@ def test_reward_hacking_stops_the_run(make, tmp_path):
 
 
 def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatch):
-    """`skip` with the policy in a Ray actor (one worker; the env is the plain maze, whose rewards
-    are all 0 for this model, so the fault is an entropy floor above reality): the pre-update
-    state comes back from the actor and goes back into it."""
+    """`skip` with the policy in two Ray actors sharded with FSDP2 (the env is the plain maze,
+    whose rewards are all 0 for this model, so the fault is an entropy floor above reality): the
+    pre-update state is gathered from the shards and put back into them (AdamW's step count
+    would read 2 otherwise)."""
     ray = pytest.importorskip("ray")
     from vlrl.runtime.cluster import apply_auth_settings
 
@@ -377,7 +380,7 @@ def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatc
         ray.shutdown()
     ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
     try:
-        cfg = make("env.name=maze", "runtime.backend=ray", "runtime.placement_timeout_s=60", "train.steps=2",
+        cfg = make("env.name=maze", "runtime.backend=ray", "runtime.num_workers=2", "runtime.placement_timeout_s=60", "train.steps=2",
                    "train.guards.entropy_min.bound=100", "train.guards.entropy_min.action=skip")
         trainer = _trainer(cfg, tmp_path / "run")
         initial = _state(trainer)

@@ -15,6 +15,7 @@ all-gather every layer for every token). `sync_adapter` gathers the full adapter
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from pathlib import Path
@@ -282,11 +283,14 @@ class Worker:
 
     def training_state(self) -> dict[str, Any]:
         """Optimizer (full, keyed by parameter name) and scheduler state in memory; on a group, rank
-        0's is complete (checkpoints use `save_optimizer_state`, which writes shards)."""
-        return {
+        0's is complete (checkpoints use `save_optimizer_state`, which writes shards).
+
+        A copy: on one worker torch hands out the live tensors, which AdamW updates in place, and
+        a guard's `skip` needs the state as it was before the update."""
+        return copy.deepcopy({
             "optimizer": distributed.optimizer_state(self.model, self.policy.optimizer),
             "scheduler": self.policy.scheduler.state_dict(),
-        }
+        })
 
     def load_training_state(self, adapter: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         """Restore adapter weights, optimizer and scheduler (from any number of workers)."""
