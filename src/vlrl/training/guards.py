@@ -49,7 +49,10 @@ class GuardEvent:
         return f"guard/{self.check}/{self.action}"
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As written to run-events.jsonl: non-finite values as the strings "nan", "inf" (JSON has no NaN)."""
+        out = asdict(self)
+        out["values"] = {k: v if math.isfinite(v) else str(v) for k, v in self.values.items()}
+        return out
 
 
 class GuardStop(VlrlError):
