@@ -369,7 +369,7 @@ def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatc
     """`skip` with the policy in two Ray actors sharded with FSDP2 (the env is the plain maze,
     whose rewards are all 0 for this model, so the fault is an entropy floor above reality): the
     pre-update state is gathered from the shards and put back into them (AdamW's step count
-    would read 2 otherwise)."""
+    would read 2 otherwise). Then a NaN gradient under the default guards."""
     ray = pytest.importorskip("ray")
     from vlrl.runtime.cluster import apply_auth_settings
 
@@ -380,7 +380,7 @@ def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatc
         ray.shutdown()
     ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
     try:
-        cfg = make("env.name=maze", "runtime.backend=ray", "runtime.num_workers=2", "runtime.placement_timeout_s=60", "train.steps=2",
+        cfg = make("env.name=maze", "runtime.backend=ray", "runtime.num_workers=2", "runtime.placement_timeout_s=60", "train.steps=3",
                    "train.guards.entropy_min.bound=100", "train.guards.entropy_min.action=skip")
         trainer = _trainer(cfg, tmp_path / "run")
         initial = _state(trainer)
@@ -390,6 +390,24 @@ def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatc
         trainer.config.train.guards.entropy_min.enabled = True  # the driver runs the checks: an entropy floor from now on
         m = trainer.step()
         assert m.values["guard/entropy_min/skip"] == 1.0 and _same_state(_state(trainer), before)
+
+        # A reward function gone wrong (inf, put in where the driver receives the episodes): a NaN
+        # gradient on both shards, withheld by both (no copy of the state is kept for this check),
+        # and the default `stop` checkpoints the untouched state.
+        trainer.config.train.guards.entropy_min.enabled = False
+        rollout = trainer.worker.rollout
+
+        def poisoned(*args, **kwargs):
+            episodes = rollout(*args, **kwargs)
+            for e in episodes[::2]:
+                e.turn_rewards[0] = math.inf
+            return episodes
+
+        trainer.worker.rollout = poisoned
+        with pytest.raises(GuardStop, match=r"guard nonfinite stopped the run at step 3: reward/mean=inf, train/loss=nan"):
+            trainer.step()
+        assert _same_state(_state(trainer), before)
+        assert verify(str(tmp_path / "run" / "checkpoints" / "step-000003")) is None
         trainer.close()
     finally:
         ray.shutdown()
