@@ -21,7 +21,6 @@ from vlrl.config import GuardsConfig, load_config
 from vlrl.envs.base import StepResult, register_env
 from vlrl.envs.maze.env import MazeEnv
 from vlrl.errors import ConfigError
-from vlrl.runtime import distributed
 from vlrl.training import guards
 from vlrl.training.checkpoint import read_checkpoint, verify
 from vlrl.training.guards import GuardStop

@@ -8,7 +8,8 @@ two phases of a step (`GRPOTrainer.step`):
                   nonfinite, kl_max, entropy_min, grad_spike
     eval phase    after a periodic holdout evaluation: reward_hacking
 
-and then does the most severe action among the events (warn < skip < rollback < stop). The
+and then does what the events ask: `warn` logs, `skip` drops the update (right away, before the
+engine sees it), and a `stop` wins over a `rollback` (severity: warn < skip < rollback < stop). The
 configuration is `train.guards` (`vlrl.config.GuardsConfig`); docs/observability.md describes
 every check, action and where the events go.
 
