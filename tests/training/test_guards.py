@@ -221,21 +221,30 @@ def test_nonfinite_stop_is_the_default_checkpoints_and_raises_one_line(make, tmp
 
 def test_cli_stop_exits_non_zero_with_one_error_line(ci_model_dir, tmp_path):
     """`vlrl train` with an entropy floor above reality: exit status 2, one line naming the check
-    and its values, and the checkpoint it names is there."""
+    and its values, and the checkpoint it names is there; with the floor lowered, `--resume auto`
+    continues the run."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run(
-        [sys.executable, "-m", "vlrl.cli", "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
-         "storage.run_name=job", "runtime.backend=local", *FAST, "train.steps=3", "train.guards.entropy_min.enabled=true",
-         "train.guards.entropy_min.bound=100", "--quiet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
-    )
+    args = [sys.executable, "-m", "vlrl.cli", "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
+            "storage.run_name=job", "runtime.backend=local", *FAST, "train.steps=3", "train.guards.entropy_min.enabled=true",
+            "train.guards.entropy_min.bound=100", "--quiet"]
+    result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("error: guard entropy_min stopped the run at step 1: train/entropy="), errors
     assert "< 100 (checkpoint " in errors[0]
     assert verify(str(runs / "job" / "checkpoints" / "step-000001")) is None
     assert [r["step"] for r in _lines(runs / "job" / "metrics.jsonl")] == [1]
+
+    # The operator lowers the floor and resumes: a guard setting may change on a resume (recorded).
+    from vlrl.cli import app
+
+    resumed = CliRunner().invoke(app, [*args[3:], "train.guards.entropy_min.bound=0.01", "--resume", "auto"])
+    assert resumed.exit_code == 0, resumed.output
+    assert [r["step"] for r in _lines(runs / "job" / "metrics.jsonl")] == [1, 2, 3]
+    events = _lines(runs / "job" / "run-events.jsonl")
+    assert [e["event"] for e in events] == ["guard", "resume"]
+    assert events[1]["changed"] == {"train.guards.entropy_min.bound": [100.0, 0.01]}
 
 
 def test_rollback_after_a_learning_rate_blow_up(make, tmp_path):
