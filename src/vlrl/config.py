@@ -247,6 +247,76 @@ class SftConfig(Section):
     )
 
 
+GuardAction = Literal["warn", "skip", "rollback", "stop"]
+_GUARD_ACTION_DOC = (
+    "What happens when the check fires: `warn` logs it (the update stays as computed); `skip` drops the step's "
+    "update (adapter, optimizer and LR schedule as before it); `rollback` restores the newest valid checkpoint and "
+    "multiplies the learning rate by train.guards.rollback_lr_factor; `stop` writes a checkpoint and ends the run "
+    "with an error line naming the check and its values."
+)
+
+
+class NonFiniteGuard(Section):
+    enabled: bool = Field(
+        True, description="Fire when the step's reward/mean, train/loss, train/grad_norm, train/kl or train/entropy is NaN or infinite. "
+        "On unless disabled: a non-finite gradient is then never applied (unless the action is `warn`), so the adapter stays finite.",
+    )
+    action: GuardAction = Field("stop", description=_GUARD_ACTION_DOC)
+
+
+class KlGuard(Section):
+    enabled: bool = Field(False, description="Fire when train/kl (k3 KL to the reference; needs algo.kl_coef > 0) exceeds `bound`.")
+    bound: float = Field(0.5, gt=0, description="Largest acceptable train/kl (> 0).")
+    action: GuardAction = Field("stop", description=_GUARD_ACTION_DOC)
+
+
+class EntropyGuard(Section):
+    enabled: bool = Field(False, description="Fire when train/entropy (mean token entropy) falls below `bound` (entropy collapse).")
+    bound: float = Field(0.05, gt=0, description="Smallest acceptable train/entropy in nats (> 0).")
+    action: GuardAction = Field("stop", description=_GUARD_ACTION_DOC)
+
+
+class GradSpikeGuard(Section):
+    enabled: bool = Field(
+        False, description="Fire when train/grad_norm (before clipping) exceeds `factor` times the median of the last `window` steps' norms."
+    )
+    factor: float = Field(10.0, gt=1, description="How many times the running median counts as a spike (> 1).")
+    window: int = Field(20, ge=1, description="Steps in the running median (steps with a guard event are left out).")
+    min_steps: int = Field(5, ge=1, description="Steps of history needed before a spike can be judged.")
+    action: GuardAction = Field("skip", description=_GUARD_ACTION_DOC)
+
+
+class RewardHackingGuard(Section):
+    enabled: bool = Field(
+        False,
+        description="At each periodic holdout evaluation (train.eval_every): fire when holdout success fell at least `min_success_drop` "
+        "below the best evaluation so far while the mean train reward of the last `reward_window` steps rose more than "
+        "`min_reward_gain` above its mean at that best evaluation.",
+    )
+    min_success_drop: float = Field(0.1, gt=0, le=1, description="Drop of holdout success from its best (0.1 = 10 points) that counts.")
+    min_reward_gain: float = Field(0.0, ge=0, description="Train reward must have risen by more than this since the best evaluation.")
+    reward_window: int = Field(5, ge=1, description="Steps over which train reward is averaged, at the best evaluation and now.")
+    action: Literal["warn", "rollback", "stop"] = Field(
+        "stop", description="As for the other checks, without `skip` (reward hacking is a trend over evaluations, not one update)."
+    )
+
+
+class GuardsConfig(Section):
+    nonfinite: NonFiniteGuard = Field(default_factory=NonFiniteGuard, description="Non-finite loss, gradients, KL, entropy or reward.")
+    kl_max: KlGuard = Field(default_factory=KlGuard, description="KL to the reference above a bound.")
+    entropy_min: EntropyGuard = Field(default_factory=EntropyGuard, description="Token entropy below a floor.")
+    grad_spike: GradSpikeGuard = Field(default_factory=GradSpikeGuard, description="Gradient-norm spike against a running median.")
+    reward_hacking: RewardHackingGuard = Field(
+        default_factory=RewardHackingGuard, description="Train reward up while holdout success falls."
+    )
+    rollback_lr_factor: float = Field(
+        0.5, gt=0, lt=1, description="`rollback` multiplies the learning rate by this (0 < factor < 1); kept in checkpoints, so it survives resumes."
+    )
+    max_rollbacks: int = Field(
+        3, ge=0, description="Rollbacks allowed over the run; a guard that would roll back once more stops the run instead."
+    )
+
+
 class TrainConfig(Section):
     seed: int = Field(0, description="Seed of everything: Python, NumPy, torch, the task sampler, the environments.")
     steps: int = Field(20, ge=1, description="GRPO steps.")
@@ -266,6 +336,10 @@ class TrainConfig(Section):
         2, ge=1, description="Checkpoints kept (the newest by step); the newest valid one is never deleted."
     )
     sft: SftConfig = Field(default_factory=SftConfig, description="Settings of the SFT warm start (`vlrl sft`).")
+    guards: GuardsConfig = Field(
+        default_factory=GuardsConfig,
+        description="Stability guards: checks on each step's record and what to do when one fires (docs/observability.md).",
+    )
 
 
 # --------------------------------------------------------------------------------------------

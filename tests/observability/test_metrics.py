@@ -89,6 +89,19 @@ def test_counters_add_up_and_gauges_keep_the_latest_step(config):
     assert samples(exporter.render())[("vlrl_eval_success_rate", (("run", "r1"),))] == 0.5
 
 
+def test_guard_events_count_by_check_and_action(config):
+    """`guard/<check>/<action>` record keys (training/guards.py) -> vlrl_guard_events_total; no
+    series before the first event."""
+    exporter = MetricsExporter(config, "r1", live_driver=False)
+    exporter.publish(RECORD)
+    assert not any(name.startswith("vlrl_guard") for name, _ in samples(exporter.render()))
+    exporter.publish({**RECORD, "step": 5, "guard/grad_spike/skip": 1.0})
+    exporter.publish({**RECORD, "step": 6, "guard/grad_spike/skip": 1.0, "guard/kl_max/stop": 1.0})
+    got = {labels: v for (name, labels), v in samples(exporter.render()).items() if name == "vlrl_guard_events_total"}
+    assert got == {(("action", "skip"), ("check", "grad_spike"), ("run", "r1")): 2.0,
+                   (("action", "stop"), ("check", "kl_max"), ("run", "r1")): 1.0}
+
+
 def test_missing_nan_and_non_numbers_are_absent_not_zero(config):
     exporter = MetricsExporter(config, "r1", live_driver=False)
     exporter.publish({"step": 1, "reward/mean": float("nan"), "train/kl": "x", "episode/success": True})

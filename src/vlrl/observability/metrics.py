@@ -20,6 +20,9 @@ Derived values, when the record lacks the explicit key (the trainer may add it l
   completions   rollout/completions     else episodes x episode/turns (one completion per turn in
                                          the multi-turn maze; not in the plan variant)
   train tokens  train/tokens            else throughput/train_tokens_per_s x time/update_s
+
+Stability guard events (`guard/<check>/<action>` record keys, `vlrl.training.guards`) count into
+`vlrl_guard_events_total{check, action}`; the series appears with a run's first event.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("vlrl_last_step_timestamp_seconds", "gauge", "Unix time at which the latest step finished."),
     Family("vlrl_run_info", "gauge", "Always 1; labels describe the run.", ("model", "env", "engine", "backend", "workers")),
     Family("vlrl_restarts", "counter", "Times the run was restarted or resumed (run/restarts)."),
+    Family("vlrl_guard_events", "counter", "Stability guard events by check and the action taken (train.guards).", ("check", "action")),
     # learning
     Family("vlrl_reward_mean", "gauge", "Mean episode return of the step's rollouts."),
     Family("vlrl_reward_std", "gauge", "Standard deviation of the step's episode returns."),
@@ -185,6 +189,7 @@ class RunState:
         # (family, sorted extra labels) -> value
         self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._totals: dict[str, float] = {}  # counters, from the first step that lets us count them
+        self._guard_events: dict[tuple[str, str], float] = {}  # (check, action) -> events (guard/<check>/<action> keys)
         if restarts is not None:
             self._set("vlrl_restarts", float(restarts))
 
@@ -210,6 +215,9 @@ class RunState:
             for key, value in r.items():
                 if key.startswith("resource/"):
                     self._set_resource(key, value)
+                elif key.startswith("guard/") and key.count("/") == 2:
+                    check, action = key.split("/")[1:]
+                    self._guard_events[(check, action)] = self._guard_events.get((check, action), 0.0) + value
             if "step" in r:
                 self._set("vlrl_last_step_timestamp_seconds", time.time())
 
@@ -250,6 +258,8 @@ class RunState:
                 values[("vlrl_run_info", tuple(sorted(self.info.items())))] = 1.0
             for family, total in totals.items():
                 values[(family, ())] = total
+            for (check, action), count in self._guard_events.items():
+                values[("vlrl_guard_events", (("action", action), ("check", check)))] = count
         if live:
             scratch = RunState(self.run)
             for key, value in live.items():

@@ -10,6 +10,8 @@ What it reads, all optional except that there must be a run there:
                     eval/* keys of metrics.jsonl give the evaluation points
     config.yaml     the resolved config of the run
     lineage.json    what produced the run (any JSON; shown as a table)
+    run-events.jsonl  resumes, restarts and stability guard events (a table of the guard events
+                    and the rollbacks they caused)
     adapter/        present once the run has finished
 
 What it writes: the HTML page and, next to it, the same plots as PNG files
@@ -41,6 +43,7 @@ class RunData:
     config_text: str | None = None
     config: dict[str, Any] | None = None
     lineage: Any = None
+    guard_events: list[dict[str, Any]] = field(default_factory=list)  # run-events.jsonl: "guard" and "rollback"
     finished: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -74,6 +77,22 @@ def read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     if repeated:
         notes.append(f"{repeated} step(s) were recorded twice (the run was resumed from a checkpoint); the latest records are shown")
     return [by_step[s] for s in sorted(by_step)]
+
+
+def read_guard_events(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The stability guards' lines of run-events.jsonl (their events and the rollbacks they caused)."""
+    out = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            notes.append(f"line {number} of run-events.jsonl is not a JSON record and was skipped")
+            continue
+        if isinstance(event, dict) and event.get("event") in ("guard", "rollback"):
+            out.append(event)
+    return out
 
 
 def _read_json(path: Path) -> Any:
@@ -125,6 +144,8 @@ def load_run(run_dir: str | Path) -> RunData:
         data.evals = recorded
     if (root / "lineage.json").is_file():
         data.lineage = _read_json(root / "lineage.json")
+    if (root / "run-events.jsonl").is_file():
+        data.guard_events = read_guard_events(root / "run-events.jsonl", data.notes)
     data.finished = (root / "adapter").is_dir() and evals_file.is_file()
     return data
 
@@ -180,6 +201,20 @@ def evaluations_table(evals: list[dict[str, Any]]) -> str:
                      f"<b>{_pct(e.get('success_rate'))}</b> {ci}", html.escape(_fmt(e.get("mean_turns", "–"))),
                      _pct(e.get("invalid_rate")), html.escape(sizes)])
     return _table(["step", "label", "split", "decoding", "n", "success [95% CI]", "mean turns", "invalid / turn", "success by size"], rows)
+
+
+def guard_events_table(events: list[dict[str, Any]]) -> str:
+    """Guard events and the rollbacks they caused, in the order they happened."""
+    rows = []
+    for e in events:
+        when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S") if isinstance(e.get("time"), (int, float)) else "–"
+        if e["event"] == "rollback":
+            what = f"rolled back to {e.get('checkpoint')} (step {e.get('step')}); learning rate x {_fmt(e.get('lr_scale'))}"
+            rows.append([html.escape(when), "–", html.escape(str(e.get("check", ""))), "rollback done", html.escape(what)])
+        else:
+            rows.append([html.escape(when), html.escape(_fmt(e.get("step", "–"))), html.escape(str(e.get("check", ""))),
+                         f"<b>{html.escape(str(e.get('action', '')))}</b>", html.escape(str(e.get("message", "")))])
+    return _table(["time", "step", "check", "action", "what it saw"], rows)
 
 
 def steps_table(history: list[dict[str, Any]], last: int = 12) -> str:
@@ -262,6 +297,9 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
         parts.append("<p class='sub'>No step has finished yet: nothing to plot.</p>")
     parts.append("<h2>Evaluations</h2>")
     parts.append(evaluations_table(data.evals) if data.evals else "<p class='sub'>No evaluation yet.</p>")
+    parts.append("<h2>Stability guards</h2>")
+    parts.append(guard_events_table(data.guard_events) if data.guard_events
+                 else "<p class='sub'>No guard event (train.guards; run-events.jsonl).</p>")
     if data.history:
         parts.append(f"<h2>Latest steps</h2>{steps_table(data.history)}")
     parts.append("<h2>Lineage</h2>")

@@ -160,7 +160,10 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if not state.get("state"):
-        return  # saved before the first step: a fresh optimizer is the same
+        # Saved before the first step: no state (this optimizer may have stepped since, e.g. an
+        # update a stability guard drops).
+        optimizer.state = collections.defaultdict(dict)
+        return
     groups = state.get("param_groups") or [{}]
     if groups[0].get("params") and isinstance(groups[0]["params"][0], int):
         if is_sharded(model):

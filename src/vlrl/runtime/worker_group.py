@@ -356,6 +356,9 @@ class RayWorkerGroup:
     def load_rng_states(self, states: list[dict[str, Any]]) -> None:
         self._call("load_rng_states", states)
 
+    def set_lr_scale(self, scale: float) -> None:
+        self._call("set_lr_scale", scale)
+
     def resources(self) -> dict[str, float]:
         """Every worker's resource readings (`resource/<rank>/...` keys, merged)."""
         return {k: v for part in self._call("resources") for k, v in part.items()}

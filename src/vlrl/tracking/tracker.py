@@ -14,7 +14,7 @@ adapter's vlrl_lineage.json); with `tracking.enabled=false` every MLflow call is
 
 MLflow contents: params = the resolved config flattened to dotted keys (lists as JSON, values cut
 to MLflow's 6000 characters), tags = the lineage's identity (commit, dirty, base fingerprint,
-config hash, image, split versions), metrics = every numeric value of each step record and each
+config hash, image, split versions; `vlrl.guard.<check>` for a stability guard's latest event), metrics = every numeric value of each step record and each
 evaluation summary (names sanitized to MLflow's alphabet; NaN/inf skipped), artifacts =
 lineage.json at start and end, and at the end config.yaml, metrics.jsonl, evals.json, code.diff
 and the adapter (`tracking.log_artifacts`).
@@ -216,6 +216,18 @@ class RunTracker:
                     self.client.log_dict(self.run_id, summary, f"evals/{split}-step-{int(step):06d}.json")
             except VlrlError as exc:
                 self._warn(exc)
+
+    def log_guard_event(self, event: dict[str, Any]) -> None:
+        """A stability guard's event as the tag `vlrl.guard.<check>` = "<action> at step N: <values>"
+        (the latest per check; the step record's `guard/<check>/<action>` metric counts them all)."""
+        if not self.enabled or self.run_id is None:
+            return
+        text = f"{event['action']} at step {event['step']}: {event['message']}"
+        try:
+            with mlflow_errors("logging a guard event to MLflow"):
+                self.client.set_tag(self.run_id, f"vlrl.guard.{event['check']}", text[:MAX_PARAM_VALUE])
+        except VlrlError as exc:
+            self._warn(exc)
 
     def log_artifacts(self, paths: list[str | Path], artifact_path: str | None = None) -> None:
         """Copy files or directories (each under its own name) into the run's artifacts."""

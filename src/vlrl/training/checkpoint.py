@@ -9,7 +9,8 @@ A run's checkpoints live under ROOT = RUN_DIR/checkpoints, a local path or an fs
                                  any number of workers can read it back (resharding)
         rng/rank-<r>.json        each worker's random states (Python, NumPy, torch CPU, CUDA)
         trainer.json             step, sampler position, split versions, metric history, evals,
-                                 restarts, config changes, the driver's random states
+                                 restarts, config changes, the stability guards' state (LR
+                                 scale, rollbacks), the driver's random states
         config.yaml              the resolved config the run had when it wrote this
         manifest.json            size and SHA-256 of every file above; written last
     ROOT/latest                  "step-000006", replaced after the checkpoint is in place
@@ -81,6 +82,7 @@ RESUME_SAFE_KEYS = (
     "train.checkpoint_every",
     "train.keep_checkpoints",
     "train.sft",  # read by `vlrl sft` only
+    "train.guards",  # e.g. a raised bound after a guard stopped the run (docs/observability.md)
     "runtime",  # address, workers (resharding), placement, timeouts, threads, restarts
     "storage",  # a moved run directory
     "tracking",

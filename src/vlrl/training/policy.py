@@ -7,6 +7,7 @@
     for each epoch, for each mini-batch (one optimizer step):
         for each micro-batch: loss = grpo_loss(...) * (its share of the mini-batch); backward
         clip the gradient norm; AdamW step; learning-rate schedule step
+        (a non-finite gradient norm: no step at all while train.guards.nonfinite is on)
 
 Log-probs are of `sequence[t+1]` given `sequence[:t+1]`; only tokens the policy sampled
 (loss mask 1) count, never prompt or environment tokens. An episode's advantage is one number
@@ -43,6 +44,7 @@ from vlrl.algo.grpo import entropy_from_logits, grpo_loss, token_advantages, tok
 from vlrl.config import AlgoConfig, RunConfig
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
+from vlrl.training.guards import withholds_nonfinite
 
 
 def lr_lambda(config: RunConfig, total_steps: int):
@@ -298,9 +300,25 @@ class Policy:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
         acc["grad_norm"] = to_float(grad_norm)
         acc["lr"] = self.optimizer.param_groups[0]["lr"]
+        if not math.isfinite(acc["grad_norm"]) and withholds_nonfinite(self.config.train.guards):
+            # The stability guard (train.guards.nonfinite) decides what happens to the run; a NaN
+            # gradient would make the adapter and AdamW's moments NaN, so it is never applied.
+            # The norm is global (the same on every worker), so all workers withhold together.
+            self.optimizer.zero_grad(set_to_none=True)
+            return acc
         self.optimizer.step()
         self.scheduler.step()
         return acc
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Multiply the learning rate of every later optimizer step by `scale` (relative to
+        train.lr; a guard's rollback lowers it). The scheduler's base LRs carry it into checkpoints."""
+        base = self.config.train.lr * scale
+        self.scheduler.base_lrs = [base for _ in self.optimizer.param_groups]
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = base
+            group["lr"] = base * factor
 
     def _zero_weight_pass(self, sequence: MultimodalSequence) -> None:
         """Forward and backward through the whole model with zero gradient (keeps FSDP collectives in step).

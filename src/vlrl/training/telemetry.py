@@ -1,7 +1,7 @@
 """Where a training run's records go besides RUN_DIR/metrics.jsonl.
 
-Two consumers, both optional, both fed by the trainer at the same three moments (a step's
-record, an evaluation, the end of the run):
+Two consumers, both optional, both fed by the trainer at the same moments (a step's record, an
+evaluation, a stability guard's event, the end of the run):
 
 - the Prometheus exporter (`vlrl.observability.metrics`, on when `tracking.exporter_port` is set),
   which Grafana reads live;
@@ -57,6 +57,12 @@ class RunTelemetry:
             self.exporter.publish({"step": step, **metrics})
         if self.started:
             self.tracker.log_eval(step, summary)
+
+    def guard_event(self, event: dict[str, Any]) -> None:
+        """A stability guard fired (`GuardEvent.as_dict()`): a tag on the MLflow run. The exporter
+        counts it from the step's record (`guard/<check>/<action>` keys)."""
+        if self.started:
+            self.tracker.log_guard_event(event)
 
     def finish(self, status: str, adapter_dir: str | Path | None = None) -> None:
         """Close the lineage (checkpoints, evaluations, adapter) and the MLflow run."""

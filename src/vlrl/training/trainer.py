@@ -9,8 +9,10 @@ One step, top to bottom (`GRPOTrainer.step`):
                (+ per turn: step_advantages over same-state turns, GiGPO, when step_advantage_weight > 0)
                (dynamic sampling: drop all-equal groups, sample more tasks, up to a limit)
     stats      <- worker.update(episodes, advantages)                 (old/ref log-probs, loss, AdamW)
+    guards     <- update-phase checks on the stats (training/guards.py); `skip` restores the pre-update state
     worker.sync_adapter(step)                                         (the engine serves the new adapter)
     metrics    -> metrics.jsonl, Prometheus, MLflow (training/telemetry.py) (+ holdout evaluation, checkpoints)
+    guards     -> events to run-events.jsonl; `rollback` restores the newest checkpoint, `stop` checkpoints and raises
 
 `worker` is an in-process `Worker` (runtime.backend=local) or a `RayWorkerGroup` of W of them
 (runtime.backend=ray, the default): the same methods, so this loop is the only one.
@@ -41,11 +43,17 @@ from vlrl.errors import VlrlError
 from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.episodes import Episode, RolloutStats
 from vlrl.runtime.worker_group import WorkerDiedError
-from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, verify
+from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, step_of, verify
+from vlrl.training.guards import (
+    GuardEvent, GuardState, GuardStop, eval_phase_events, most_severe, update_phase_events, wants_rollback, wants_snapshot,
+)
 from vlrl.training.sampler import TaskSampler
 from vlrl.training.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
+
+# Where a guard's rollback keeps the records of the steps it undid (metrics.jsonl follows the history).
+ROLLED_BACK_METRICS = "metrics-rolled-back.jsonl"
 
 
 @dataclass
@@ -84,6 +92,7 @@ class GRPOTrainer:
         self.resumed_from: str | None = None
         self._fingerprint: str | None = None
         self._checkpoint_s = 0.0  # time spent checkpointing since the last step record
+        self.guard_state = GuardState()  # LR scale and rollbacks of the stability guards (kept in checkpoints)
 
     # -- setup -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -154,6 +163,7 @@ class GRPOTrainer:
     def step(self) -> StepMetrics:
         c, t0 = self.config, time.perf_counter()
         stats = RolloutStats()
+        events: list[GuardEvent] = []
         episodes, rewards, dropped = self.collect(stats)
         t_rollout = time.perf_counter() - t0
         values: dict[str, float] = {"time/rollout_s": t_rollout, "time/generate_s": stats.generate_s, "time/env_s": stats.env_s}
@@ -164,21 +174,29 @@ class GRPOTrainer:
             adv = group_advantages(rewards, scale=scale).flatten().tolist()
             if c.algo.step_advantage_weight > 0:
                 adv, values["advantage/anchored_turns"] = self.per_turn_advantages(episodes, adv, scale)
+            snapshot = self._pre_update_state() if wants_snapshot(c.train.guards) else None
             t1 = time.perf_counter()
             update = self.worker.update(episodes, adv, seed=c.train.seed + self.step_idx)
             values["time/update_s"] = time.perf_counter() - t1
             values.update({f"train/{k}": v for k, v in update.items()})
             values.update({f"time/{k}": v for k, v in getattr(update, "timings", {}).items()})  # logprob_s, optim_s
             values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(1e-9, values["time/update_s"])
+            events = update_phase_events(c.train.guards, self.step_idx + 1, values, self.history)
+            if snapshot is not None and any(e.action == "skip" for e in events):
+                self.worker.load_training_state(*snapshot)  # drop the update before the engine gets it
         self.step_idx += 1
         values["time/sync_s"] = self.worker.sync_adapter(self.step_idx)
         values.update(self.worker.sync_info())  # vLLM: in memory or (after a fallback) through files
         values["throughput/rollout_tokens_per_s"] = stats.generated_tokens / max(1e-9, stats.generate_s)
         values["throughput/episodes_per_s"] = len(episodes) / max(1e-9, t_rollout)
-        if c.train.eval_every and self.step_idx % c.train.eval_every == 0 and self.step_idx < c.train.steps:
+        ends_run = most_severe(events) in ("rollback", "stop")  # no evaluation of a state about to be left
+        if c.train.eval_every and self.step_idx % c.train.eval_every == 0 and self.step_idx < c.train.steps and not ends_run:
             t2 = time.perf_counter()
             values.update(self.evaluate().as_metrics("eval"))
             values["time/eval_s"] = time.perf_counter() - t2
+            events += eval_phase_events(c.train.guards, self.step_idx, [*self.history, {"step": self.step_idx, **values}], self.evals)
+        self._escalate_rollbacks(events)
+        values.update({e.record_key: 1.0 for e in events})
         values["time/checkpoint_s"], self._checkpoint_s = self._checkpoint_s, 0.0  # the previous step's
         values["run/restarts"] = float(self.restarts)
         values["time/step_s"] = time.perf_counter() - t0
@@ -193,6 +211,8 @@ class GRPOTrainer:
         m = StepMetrics(self.step_idx, values)
         if self.on_step:
             self.on_step(m)
+        if events:
+            self._act_on_guards(events)
         return m
 
     def per_turn_advantages(self, episodes: list[Episode], episode_adv: list[float], scale: str) -> tuple[list[list[float]], float]:
@@ -234,8 +254,9 @@ class GRPOTrainer:
     def _run_to_end(self) -> Path:
         c = self.config.train
         while self.step_idx < c.steps:
-            self.step()
-            if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0 and self.step_idx < c.steps:
+            m = self.step()
+            rolled_back = m.step != self.step_idx  # a guard went back to a checkpoint: nothing new to save
+            if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0 and self.step_idx < c.steps and not rolled_back:
                 self.save_checkpoint()
         if not (self.evals and self.evals[-1]["step"] == self.step_idx):  # else: resumed from the final checkpoint
             self.evaluate()
@@ -256,6 +277,7 @@ class GRPOTrainer:
             "evals": self.evals,
             "restarts": self.restarts,
             "config_changes": self.config_changes,
+            "guards": self.guard_state.as_dict(),
             "driver_rng": rng_state(),
         }
         start = time.perf_counter()
@@ -279,8 +301,11 @@ class GRPOTrainer:
         log.info("resumed from %s (step %d of %d)", path, self.step_idx, self.config.train.steps)
         return Path(path)
 
-    def _restore(self, path: str, after_restart: bool = False) -> None:
-        """Put the trainer and its workers in the state of checkpoint `path` (verified)."""
+    def _restore(self, path: str, after_restart: bool = False, event: str | None = None, **event_fields: Any) -> None:
+        """Put the trainer and its workers in the state of checkpoint `path` (verified).
+
+        A resume also takes the guards' state (LR scale, rollbacks) from the checkpoint; a restart
+        or a guard's rollback (`after_restart`) keeps this process's, which is newer."""
         ckpt = read_checkpoint(path)
         changes = check_resume_config(ckpt.config, self.config.model_dump(mode="json"), f"from {path}")
         self._check_same_base_and_tasks(ckpt.trainer, path)
@@ -296,6 +321,9 @@ class GRPOTrainer:
         self.config_changes = state.get("config_changes", [])
         if not after_restart:
             self.restarts = int(state.get("restarts", 0))
+            self.guard_state = GuardState.from_dict(state.get("guards"))
+        if self.guard_state.lr_scale != 1.0:
+            self.worker.set_lr_scale(self.guard_state.lr_scale)
         if changes:
             self.config_changes.append({"step": ckpt.step, "changed": changes})
             log.info("resuming with changed config: %s", ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
@@ -304,7 +332,8 @@ class GRPOTrainer:
         set_rng_state(state["driver_rng"])
         self._rewrite_metrics()
         self._write_config()
-        self._event("restart" if after_restart else "resume", checkpoint=path, step=ckpt.step, changed=changes)
+        kind = event or ("restart" if after_restart else "resume")
+        self._event(kind, checkpoint=path, step=ckpt.step, changed=changes, **event_fields)
         self.resumed_from = path
 
     def _check_same_base_and_tasks(self, state: dict[str, Any], path: str) -> None:
@@ -365,13 +394,75 @@ class GRPOTrainer:
         self.history, self.evals = [], []
         self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
         set_rng_state(self._start_rng)
+        if self.guard_state.lr_scale != 1.0:
+            self.worker.set_lr_scale(self.guard_state.lr_scale)
         self._rewrite_metrics()
         self._event("restart", checkpoint=None, step=0, changed={})
+
+    # -- stability guards (training/guards.py) ---------------------------------------------------
+    def _pre_update_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Adapter, optimizer and scheduler before an update, for a guard's `skip` (LoRA: small)."""
+        return self.worker.adapter_state(), self.worker.training_state()
+
+    def _escalate_rollbacks(self, events: list[GuardEvent]) -> None:
+        """A rollback that cannot happen stops the run instead: beyond train.guards.max_rollbacks,
+        or with no checkpoint to go back to (decided before the record names the action)."""
+        rollbacks = [e for e in events if e.action == "rollback"]
+        if not rollbacks:
+            return
+        limit = self.config.train.guards.max_rollbacks
+        if self.guard_state.rollbacks >= limit:
+            why = f"train.guards.max_rollbacks={limit} reached"
+        elif self._rollback_source() is None:
+            why = "no valid checkpoint to go back to"
+        else:
+            return
+        for e in rollbacks:
+            e.action = "stop"
+            e.message += f" (rollback refused: {why})"
+
+    def _rollback_source(self) -> str | None:
+        """The checkpoint a rollback goes back to: this run's newest valid one, else the one it resumed from."""
+        source = self.checkpoints.newest_valid()
+        if source is None and self.resumed_from and verify(self.resumed_from) is None:
+            source = self.resumed_from  # resumed from another run's checkpoint, none of its own yet
+        return source
+
+    def _act_on_guards(self, events: list[GuardEvent]) -> None:
+        """Record the step's guard events, then roll back or stop when one asks for it (the
+        step's record is already in metrics.jsonl; `warn` and `skip` are done by now)."""
+        for e in events:
+            self._event("guard", **e.as_dict())
+            self.telemetry.guard_event(e.as_dict())
+            if e.action != "stop":  # a stop says it in its error line
+                log.warning("guard %s (%s) at step %d: %s", e.check, e.action, e.step, e.message)
+        action = most_severe(events)
+        if action == "stop":
+            path = self.save_checkpoint()
+            first, *others = [e for e in events if e.action == "stop"]
+            also = "".join(f"; also {e.check}: {e.message}" for e in others)
+            raise GuardStop(f"guard {first.check} stopped the run at step {first.step}: {first.message}{also} (checkpoint {path})")
+        if action == "rollback":
+            self._rollback(next(e for e in events if e.action == "rollback"), self._rollback_source())
+
+    def _rollback(self, cause: GuardEvent, source: str) -> None:
+        """Back to checkpoint `source` with the learning rate x train.guards.rollback_lr_factor.
+        The records of the steps undone move to RUN_DIR/metrics-rolled-back.jsonl."""
+        g = self.config.train.guards
+        self.guard_state.rollbacks += 1
+        self.guard_state.lr_scale *= g.rollback_lr_factor
+        undone = [r for r in self.history if r["step"] > (step_of(source) or 0)]
+        with (self.run_dir / ROLLED_BACK_METRICS).open("a") as f:
+            f.writelines(json.dumps({**r, "rolled_back_by": cause.check}) + "\n" for r in undone)
+        self._restore(source, after_restart=True, event="rollback", check=cause.check, lr_scale=self.guard_state.lr_scale,
+                      rollbacks=self.guard_state.rollbacks)
+        log.warning("guard %s: rolled back to %s; learning rate x %g (rollback %d of %d)", cause.check, source,
+                    self.guard_state.lr_scale, self.guard_state.rollbacks, g.max_rollbacks)
 
     # -- run directory -------------------------------------------------------------------------
     def _start_fresh(self) -> None:
         """A new run in this directory: an earlier run's checkpoints and records are moved aside."""
-        names = ("checkpoints", "metrics.jsonl", "evals.json", "run-events.jsonl")
+        names = ("checkpoints", "metrics.jsonl", "evals.json", "run-events.jsonl", ROLLED_BACK_METRICS)
         old = [self.run_dir / name for name in names if (self.run_dir / name).exists()]
         if old:
             aside = self.run_dir / time.strftime("replaced-%Y%m%d-%H%M%S")
@@ -381,6 +472,8 @@ class GRPOTrainer:
             log.warning("%s held an earlier run (not resumed): moved its %s to %s", self.run_dir,
                         " and ".join(p.name for p in old), aside)
         self._write_config()
+        if wants_rollback(self.config.train.guards):
+            self.save_checkpoint()  # step 0: a guard's rollback always has a checkpoint to go back to
 
     def _write_config(self) -> None:
         _replace_text(self.run_dir / "config.yaml", config_to_yaml(self.config))

@@ -15,6 +15,7 @@ all-gather every layer for every token). `sync_adapter` gathers the full adapter
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from pathlib import Path
@@ -282,17 +283,28 @@ class Worker:
 
     def training_state(self) -> dict[str, Any]:
         """Optimizer (full, keyed by parameter name) and scheduler state in memory; on a group, rank
-        0's is complete (checkpoints use `save_optimizer_state`, which writes shards)."""
-        return {
+        0's is complete (checkpoints use `save_optimizer_state`, which writes shards).
+
+        A copy: on one worker torch hands out the live tensors, which AdamW updates in place, and
+        a guard's `skip` needs the state as it was before the update."""
+        return copy.deepcopy({
             "optimizer": distributed.optimizer_state(self.model, self.policy.optimizer),
             "scheduler": self.policy.scheduler.state_dict(),
-        }
+        })
 
     def load_training_state(self, adapter: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         """Restore adapter weights, optimizer and scheduler (from any number of workers)."""
         distributed.load_adapter_state(self.model, adapter)
         distributed.load_optimizer_state(self.model, self.policy.optimizer, state["optimizer"])
         self.policy.scheduler.load_state_dict(state["scheduler"])
+        # The scheduler's state does not reach the optimizer: put the LR of its last step back
+        # (an optimizer state from before the first step holds no param groups to restore it).
+        for group, lr in zip(self.policy.optimizer.param_groups, self.policy.scheduler.get_last_lr()):
+            group["lr"] = lr
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Learning rate = train.lr x scale x the schedule, from the next optimizer step on (guard rollbacks)."""
+        self.policy.set_lr_scale(scale)
 
     def resources(self) -> dict[str, float]:
         """This worker's host memory and (on a GPU) utilisation and peak memory since the last
