@@ -105,7 +105,7 @@ def merge_vision(
     the endpoint answers with exactly the trained policy. The new adapter records the new base's
     fingerprint and where it came from.
 
-    Example: vlrl model merge-vision runs/demo/grpo/adapter --base runs/demo/sft-model -o runs/demo/grpo-serve
+    Example: vlrl model merge-vision runs/demo/grpo/adapter --base runs/demo/sft-adapter -o runs/demo/grpo-serve
     """
     from vlrl.models.fingerprint import model_fingerprint
     from vlrl.models.vision_merge import merge_vision_into_base
