@@ -95,9 +95,11 @@ def test_unwritable_storage_root_names_the_worker_and_node(local_ray, ci_model_d
 def test_fsdp_two_workers_equal_one_worker(two_workers, ci_model_dir, tmp_path):
     """Same episodes, same advantages: 2 FSDP2 workers over gloo and 1 in-process worker.
 
-    Two updates of 4 AdamW steps each. Observed on this machine: the adapters and every stat are
-    bit-identical (max |diff| = 0.0): each worker's micro-batches here are those of one worker,
-    and the loss scaling by the world size (x2, then FSDP's /2) is exact in float.
+    Two updates of 4 AdamW steps each. The gradients are the same sums taken in another order
+    (each worker sums its share of a mini-batch, then the all-reduce adds the shares), so they
+    agree to float rounding, not bit for bit. Observed on this machine: bit-identical with the
+    former splits' tasks, max |adapter diff| 6.2e-6 with the tasks of the layout-disjoint splits
+    (2026-12-01); asserted: 2e-5 after 8 AdamW steps.
     """
     cfg, group = two_workers
     local = Worker(_config(ci_model_dir, tmp_path, "runtime.backend=local", *UPDATE), 20)
@@ -115,7 +117,7 @@ def test_fsdp_two_workers_equal_one_worker(two_workers, ci_model_dir, tmp_path):
     a1, a2 = local.adapter_state(), group.adapter_state()
     assert a1.keys() == a2.keys()
     worst = max(float((a1[k] - a2[k]).abs().max()) for k in a1)
-    assert worst <= 1e-6, worst
+    assert worst <= 2e-5, worst
     assert max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k) > 1e-3  # it did train
 
     # Every engine serves the gathered adapter: its sampling log-probs match the trained policy's.
