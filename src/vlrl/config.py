@@ -196,6 +196,23 @@ class RolloutConfig(Section):
 # --------------------------------------------------------------------------------------------
 # algorithm
 
+# The published settings of each algorithm (`algo.preset`); docs/training.md has the table.
+ALGO_PRESETS: dict[str, dict[str, Any]] = {
+    # Shao et al. 2024: std-normalised advantages, mean over sequences of per-sequence token means.
+    "grpo": {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "ratio_level": "token",
+             "eps_low": 0.2, "eps_high": 0.2, "dynamic_sampling": False},
+    # Liu et al. 2025: no std division, per-sequence token SUMS over a constant (max_new_tokens).
+    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "seq_mean_token_sum", "ratio_level": "token",
+                "eps_low": 0.2, "eps_high": 0.2, "dynamic_sampling": False},
+    # Yu et al. 2025: clip-higher, token-level mean, dynamic sampling.
+    "dapo": {"advantage": "grpo", "loss_agg": "token_mean", "ratio_level": "token",
+             "eps_low": 0.2, "eps_high": 0.28, "dynamic_sampling": True},
+    # Zheng et al. 2025: sequence-level ratio with its much narrower clip range (3e-4 / 4e-4).
+    "gspo": {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "ratio_level": "sequence",
+             "eps_low": 3e-4, "eps_high": 4e-4, "dynamic_sampling": False},
+}
+
+
 class AlgoConfig(Section):
     group_size: int = Field(8, ge=2, description="Episodes per task (G); advantages are normalised within a group.")
     tasks_per_step: int = Field(8, ge=1, description="Tasks (groups) per training step; episodes per step = tasks * G.")
@@ -215,10 +232,37 @@ class AlgoConfig(Section):
     loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = Field(
         "token_mean", description="How per-token losses become one number."
     )
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (the base, adapter off).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference: the policy GRPO started from (the base, or the base with the `--init-adapter` warm start).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of episodes.")
     mini_batch_size: int = Field(64, ge=1, description="Episodes per optimizer step.")
     micro_batch_size: int = Field(8, ge=1, description="Episodes per forward/backward (gradient accumulation).")
+    preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] | None = Field(
+        None,
+        description="Set advantage, loss_agg, ratio_level, eps_low/eps_high and dynamic_sampling together as the paper does (table in docs/training.md); fields given explicitly still win. None: each field's own default.",
+    )
+    old_logprobs: Literal["trainer", "sampler"] = Field(
+        "trainer",
+        description="The 'old' log-probs of the importance ratio with several optimizer steps per batch: `trainer` (the policy re-scores the batch before the update) or `sampler` (the engine's sampling log-probs).",
+    )
+    rollout_correction: Literal["off", "tis", "masked"] = Field(
+        "off",
+        description="Correct for the sampler/trainer mismatch with the weight w = pi_trainer_old / pi_sampler: `tis` multiplies each token's loss by min(w, cap), `masked` drops tokens with w > cap (per sequence for GSPO). `off`: no weight.",
+    )
+    rollout_correction_cap: float = Field(2.0, gt=0, description="The cap of `rollout_correction` (TIS truncation, or the masking threshold).")
+    logit_chunk_size: int = Field(
+        1024, ge=0,
+        description="Loss pass: the LM head and log-softmax run on the tokens that carry loss only, this many rows at a time, recomputed in backward (no [B, T, V] logits kept). 0: full logits at every position (the former path, for comparison).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Fill in the preset's fields that the user did not give (explicit fields win)."""
+        if isinstance(data, dict) and data.get("preset") is not None:
+            preset = ALGO_PRESETS.get(data["preset"])
+            if preset is not None:  # an unknown name is left to the field's own error
+                data = {**preset, **data}
+        return data
 
 
 # --------------------------------------------------------------------------------------------

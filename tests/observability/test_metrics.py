@@ -19,7 +19,8 @@ RECORD = {
     "step": 4, "reward/mean": 0.25, "reward/std": 0.4, "episode/success": 0.25, "episode/turns": 3.0,
     "episode/invalid_actions": 0.75, "episode/wall_bumps": 0.3, "episode/response_tokens": 21.0, "episode/truncated": 0.0,
     "groups/dropped": 1.0, "train/loss": -0.01, "train/kl": 0.002, "train/entropy": 1.5, "train/clip_fraction": 0.05,
-    "train/grad_norm": 0.8, "train/lr": 1e-3, "time/rollout_s": 2.0, "time/generate_s": 1.5, "time/env_s": 0.25,
+    "train/grad_norm": 0.8, "train/lr": 1e-3, "rollout/logprob_diff_mean": 0.04, "rollout/logprob_diff_max": 0.2,
+    "rollout/kl_sampler_trainer_k3": 0.001, "time/rollout_s": 2.0, "time/generate_s": 1.5, "time/env_s": 0.25,
     "time/update_s": 1.0, "time/logprob_s": 0.25, "time/optim_s": 0.7, "time/sync_s": 0.01, "time/step_s": 3.1,
     "sync/transport_memory": 1.0, "sync/transport_disk": 0.0,
     "throughput/rollout_tokens_per_s": 112.0, "throughput/train_tokens_per_s": 900.0, "throughput/episodes_per_s": 4.0,
@@ -53,6 +54,8 @@ def test_every_mapped_record_key_becomes_its_metric_with_run_label(config):
     assert got[("vlrl_total_steps", (run,))] == 10
     assert got[("vlrl_reward_mean", (run,))] == 0.25
     assert got[("vlrl_clip_fraction", (run,))] == 0.05
+    assert got[("vlrl_rollout_logprob_diff", (run, ("stat", "max")))] == 0.2
+    assert got[("vlrl_rollout_kl_k3", (run,))] == 0.001
     assert got[("vlrl_phase_seconds", (("phase", "logprob"), run))] == 0.25
     assert got[("vlrl_phase_seconds", (("phase", "optimizer"), run))] == 0.7
     assert got[("vlrl_tokens_per_second", (("kind", "train"), run))] == 900.0

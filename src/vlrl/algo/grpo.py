@@ -17,11 +17,12 @@ Papers:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 
 from vlrl.errors import VlrlError
 
@@ -235,6 +236,7 @@ def policy_loss(
     ratio_level: RatioLevel = "token",
     agg: Aggregation = "token_mean",
     max_tokens: int | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate loss (Schulman et al. 2017) with GRPO-family options.
 
@@ -249,7 +251,10 @@ def policy_loss(
         Gradient flows through the mean: d s_i / d logp_t = s_i / n_i for each masked t.
         (GSPO-token, s_it = sg[s_i] * exp(logp_t - sg[logp_t]), is not implemented.)
     `advantages` is [B], one per sequence, or [B, T], one per token (per-turn advantages of
-    multi-turn episodes, GiGPO; token-level ratio only). Stats (detached 0-dim tensors) over masked tokens,
+    multi-turn episodes, GiGPO; token-level ratio only).
+    `is_weights` (detached; [B, T] for the token ratio, [B] for the sequence ratio) multiply each
+    token's (sequence's) loss before aggregation: the truncated importance weights of rollout
+    correction (`rollout_correction_weights`). Stats (detached 0-dim tensors) over masked tokens,
     or over non-empty sequences for GSPO: clip_fraction = share where the clipped branch is
     active and so the gradient is zero, i.e. (r > 1+eps_high and A > 0) or (r < 1-eps_low and
     A < 0), split into clip_high_fraction / clip_low_fraction; ratio_mean, ratio_min, ratio_max.
@@ -282,6 +287,10 @@ def policy_loss(
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     losses = -torch.minimum(unclipped, clipped)
+    if is_weights is not None:
+        if is_weights.shape != losses.shape:
+            raise VlrlError(f"is_weights must have shape {tuple(losses.shape)} for ratio_level {ratio_level!r}, got {tuple(is_weights.shape)}")
+        losses = losses * is_weights.detach()
     if ratio_level == "token":
         loss = aggregate_loss(losses, mask, agg, max_tokens)
     else:
@@ -329,10 +338,14 @@ def grpo_loss(
     agg: Aggregation = "token_mean",
     kl_coef: float = 0.0,
     max_tokens: int | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO objective: policy_loss(...) + kl_coef * aggregate_loss(k3, mask, agg, max_tokens).
+    """GRPO objective: policy_loss(...) + kl_coef * aggregate_loss(k3, mask, kl_agg, max_tokens).
 
-    The KL term uses the same aggregation as the token-level policy term (for GSPO too). It is
+    The KL term uses the policy term's aggregation (`kl_aggregation`): `agg` for the token-level
+    ratio; for GSPO, whose policy term is a mean over sequences, a per-sequence one
+    (seq_mean_token_mean, or `agg` when that is already per sequence), so that both terms are
+    normalised by the same count and the loss does not depend on the micro-batching. It is
     added only when kl_coef != 0, which needs ref_logprobs; ref_logprobs with kl_coef == 0 still
     reports "kl". Stats: those of `policy_loss`, plus "kl" (masked token mean of k3, when
     ref_logprobs is given) and "loss".
@@ -343,7 +356,7 @@ def grpo_loss(
         )
     loss, stats = policy_loss(
         logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
-        ratio_level=ratio_level, agg=agg, max_tokens=max_tokens,
+        ratio_level=ratio_level, agg=agg, max_tokens=max_tokens, is_weights=is_weights,
     )
     if ref_logprobs is not None:
         _check_same_shape(logprobs, ref_logprobs, "logprobs", "ref_logprobs")
@@ -351,10 +364,65 @@ def grpo_loss(
         safe_ref = torch.where(mask.bool(), ref_logprobs, logprobs.detach())
         per_token_kl = kl_k3(logprobs, safe_ref)
         if kl_coef != 0.0:
-            loss = loss + kl_coef * aggregate_loss(per_token_kl, mask, agg, max_tokens)
+            loss = loss + kl_coef * aggregate_loss(per_token_kl, mask, kl_aggregation(agg, ratio_level), max_tokens)
         stats["kl"] = masked_mean(per_token_kl.detach(), mask)
     stats["loss"] = loss.detach()
     return loss, stats
+
+
+def kl_aggregation(agg: Aggregation, ratio_level: RatioLevel) -> Aggregation:
+    """The KL term's aggregation: `agg`, except that GSPO (a mean over sequences) never takes
+    token_mean, which would weigh the KL by tokens and the policy term by sequences."""
+    return "seq_mean_token_mean" if ratio_level == "sequence" and agg == "token_mean" else agg
+
+
+def rollout_correction_weights(
+    trainer_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: Literal["tis", "masked"],
+    cap: float,
+    ratio_level: RatioLevel = "token",
+) -> torch.Tensor:
+    """Importance weights against the sampler's distribution (detached), for `policy_loss(is_weights=...)`.
+
+    The engine samples from a slightly different distribution than the trainer scores (bf16
+    kernels, another engine); w = pi_trainer_old / pi_sampler corrects for it (verl/SkyRL
+    "rollout correction"; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training"). Token ratio: w_t = exp(old_t - sampler_t); sequence ratio (GSPO):
+    w_i = exp(mean_t (old_t - sampler_t)), one per sequence, as GSPO's own ratio.
+        tis:    min(w, cap)                  (truncated importance sampling)
+        masked: 1 where w <= cap, else 0     (the token/sequence leaves the loss; it still counts
+                                              in the normaliser, so the loss stays micro-batch free)
+    Padding gets weight 0 (the loss mask leaves it out anyway).
+    """
+    _check_same_shape(trainer_logprobs, sampler_logprobs, "trainer_logprobs", "sampler_logprobs")
+    if cap <= 0:
+        raise VlrlError(f"the rollout correction cap must be positive, got {cap}")
+    with torch.no_grad():
+        log_w = torch.where(mask.bool(), trainer_logprobs - sampler_logprobs, torch.zeros_like(trainer_logprobs))
+        if ratio_level == "sequence":
+            log_w = masked_mean(log_w, mask, dim=-1)
+        w = log_w.exp()
+        if mode == "tis":
+            return w.clamp(max=cap)
+        if mode == "masked":
+            return (w <= cap).to(w.dtype)
+        raise VlrlError(f"rollout correction must be 'tis' or 'masked', got {mode!r}")
+
+
+def sampler_mismatch(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the sampler's log-probs are from the trainer's on the masked tokens (detached sums,
+    to be added up over micro-batches and workers): abs_sum = sum |trainer - sampler|,
+    abs_max = max |trainer - sampler|, k3_sum = sum of the k3 estimate of KL(sampler || trainer)
+    (tokens were drawn from the sampler: d = trainer - sampler, k3 = exp(d) - d - 1), tokens."""
+    _check_same_shape(trainer_logprobs, sampler_logprobs, "trainer_logprobs", "sampler_logprobs")
+    with torch.no_grad():
+        keep = mask.bool()
+        diff = torch.where(keep, trainer_logprobs - sampler_logprobs, torch.zeros_like(trainer_logprobs))
+        k3 = diff.exp() - diff - 1.0
+        return {"abs_sum": diff.abs().sum(), "abs_max": diff.abs().max() if diff.numel() else diff.new_tensor(0.0),
+                "k3_sum": k3.sum(), "tokens": keep.sum().to(diff.dtype)}
 
 
 # --- From logits -------------------------------------------------------------------------------
@@ -377,14 +445,74 @@ def token_logprobs(
         )
     if temperature <= 0:
         raise VlrlError(f"temperature must be positive, got {temperature}")
-    rows = []
-    for row_logits, row_tokens in zip(logits, tokens):
-        scaled = row_logits.float() / temperature if temperature != 1.0 else row_logits.float()
-        if suppress:  # out of place: `scaled` may be the caller's own tensor
-            scaled = scaled.index_fill(-1, torch.tensor(list(suppress), device=scaled.device), float("-inf"))
-        picked = scaled.gather(-1, row_tokens.long()[:, None]).squeeze(-1)
-        rows.append(picked - torch.logsumexp(scaled, dim=-1))
+    rows = [_rows_logprobs(row_logits, row_tokens, temperature, suppress)[0] for row_logits, row_tokens in zip(logits, tokens)]
     return torch.stack(rows) if rows else logits.new_zeros(tokens.shape, dtype=torch.float32)
+
+
+def _rows_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, suppress: Sequence[int], with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(logits / temperature)[tokens] of [N, V] logits rows (float32 [N]); the one
+    formula behind `token_logprobs` and `head_logprobs`, so sampler and trainer agree exactly.
+    With `with_entropy`, also the entropy of each row's distribution, without gradient."""
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    if suppress:  # out of place: `scaled` may be the caller's own tensor
+        scaled = scaled.index_fill(-1, torch.tensor(list(suppress), device=scaled.device), float("-inf"))
+    picked = scaled.gather(-1, tokens.long()[:, None]).squeeze(-1)
+    logp = picked - torch.logsumexp(scaled, dim=-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(scaled.detach()[None])[0]
+    return logp, entropy
+
+
+def head_logprobs(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    suppress: Sequence[int] = (),
+    chunk_rows: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs(head(hidden), tokens, ...)` for [N, H] hidden rows, `chunk_rows` rows at a time.
+
+    The LM head runs on the rows that carry loss only, never on prompt or image positions, and
+    no [N, V] float32 logits outlive their chunk: with autograd on, each chunk is checkpointed
+    (its logits are recomputed in backward instead of kept). Entropy (float32 [N], no gradient)
+    comes from the same chunk's logits. Returns (log-probs [N] float32, entropy [N] or None).
+    """
+    if hidden.shape[:-1] != tokens.shape or hidden.dim() != 2:
+        raise VlrlError(f"hidden {tuple(hidden.shape)} must be [N, H] rows for tokens {tuple(tokens.shape)} [N]")
+    if chunk_rows < 1:
+        raise VlrlError(f"chunk_rows must be a positive integer, got {chunk_rows}")
+    if temperature <= 0:
+        raise VlrlError(f"temperature must be positive, got {temperature}")
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    logps, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        h, tok = hidden[start : start + chunk_rows], tokens[start : start + chunk_rows]
+        if not grad:
+            logp, ent = _rows_logprobs(head(h), tok, temperature, suppress, with_entropy)
+        else:
+            # The entropy is taken in the first forward only; the recomputation in backward skips it
+            # (it saves nothing for backward, so the checkpoint's recorded tensors still match).
+            first = [True]
+
+            def chunk(h_: torch.Tensor, tok_: torch.Tensor, first=first):
+                lp, en = _rows_logprobs(head(h_), tok_, temperature, suppress, with_entropy and first[0])
+                first[0] = False
+                return lp, en
+
+            logp, ent = torch.utils.checkpoint.checkpoint(chunk, h, tok, use_reentrant=False)
+        logps.append(logp)
+        if ent is not None:
+            entropies.append(ent)
+    if not logps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

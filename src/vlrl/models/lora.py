@@ -17,6 +17,8 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,6 +35,8 @@ VISION_TARGETS = [
     "attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"
 ]
 ADAPTER_RECORD = "vlrl_adapter.json"
+# The frozen copy of a warm-start adapter that GRPO's KL penalty compares with (`add_reference_adapter`).
+REFERENCE_ADAPTER = "reference"
 
 
 def lora_target_regex(target_modules: list[str] | None = None, include_vision: bool = False) -> str:
@@ -140,7 +144,8 @@ def save_adapter(
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    peft_model.save_pretrained(str(tmp), state_dict=state_dict)
+    # Only the active (trained) adapter: a frozen reference copy (`add_reference_adapter`) stays out.
+    peft_model.save_pretrained(str(tmp), state_dict=state_dict, selected_adapters=[peft_model.active_adapter])
     config = peft_model.peft_config[peft_model.active_adapter]
     record = {"base_fingerprint": base_fingerprint, "rank": config.r, "alpha": config.lora_alpha, "format": 1}
     (tmp / ADAPTER_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -201,3 +206,38 @@ def load_adapter(
     elif not (path / "adapter_config.json").is_file():
         raise VlrlError(f"{path} has no adapter_config.json; it is not a PEFT adapter directory")
     return PeftModel.from_pretrained(base_model, str(path), is_trainable=is_trainable)
+
+
+def add_reference_adapter(peft_model: PeftModel, adapter_dir: str | Path) -> str:
+    """Load `adapter_dir` a second time, frozen, as the adapter `REFERENCE_ADAPTER`; the trained
+    adapter stays active. Returns the reference adapter's name (for `using_adapter`).
+
+    GRPO from a warm start (`--init-adapter`) needs the warm-start policy as its KL reference;
+    the base (adapter disabled) would pull the run back to before the SFT.
+    """
+    active = peft_model.active_adapter
+    peft_model.load_adapter(str(adapter_dir), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+    using = {name for name, p in peft_model.named_parameters() if p.requires_grad and f".{REFERENCE_ADAPTER}." in name}
+    if using or peft_model.active_adapter != active:
+        raise VlrlError(f"the reference adapter loaded from {adapter_dir} is trainable or active; PEFT changed how load_adapter works")
+    return REFERENCE_ADAPTER
+
+
+@contextmanager
+def using_adapter(peft_model: PeftModel, name: str) -> Iterator[None]:
+    """Run with the adapter `name` active instead of the current one, leaving every parameter's
+    `requires_grad` as it was: PEFT's `set_adapter` flips them, and FSDP2 fixes a parameter's
+    flag when it first unshards it, so a flip during a forward could freeze the trained adapter."""
+    flags = [(p, p.requires_grad) for p in peft_model.parameters()]
+    previous = peft_model.active_adapter
+
+    def switch(to: str) -> None:
+        peft_model.set_adapter(to)
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+    switch(name)
+    try:
+        yield
+    finally:
+        switch(previous)

@@ -220,7 +220,8 @@ def guard_events_table(events: list[dict[str, Any]]) -> str:
 def steps_table(history: list[dict[str, Any]], last: int = 12) -> str:
     """The latest steps' key numbers."""
     cols = [("reward/mean", "reward", _fmt), ("episode/success", "success", _pct), ("train/kl", "KL", _fmt),
-            ("train/entropy", "entropy", _fmt), ("throughput/rollout_tokens_per_s", "rollout tok/s", lambda v: f"{v:.0f}"),
+            ("train/entropy", "entropy", _fmt), ("rollout/logprob_diff_mean", "sampler |Δ|", _fmt),
+            ("rollout/kl_sampler_trainer_k3", "KL(sampler‖trainer)", _fmt), ("throughput/rollout_tokens_per_s", "rollout tok/s", lambda v: f"{v:.0f}"),
             ("throughput/train_tokens_per_s", "train tok/s", lambda v: f"{v:.0f}"), ("time/step_s", "step s", lambda v: f"{v:.1f}")]
     rows = [[str(h["step"])] + [html.escape(f(h[k])) if k in h else "–" for k, _, f in cols] for h in history[-last:]]
     return _table(["step"] + [c[1] for c in cols], rows, "numbers")

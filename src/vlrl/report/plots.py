@@ -93,10 +93,12 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 
 def training_signals(history: list[dict[str, Any]], out_png: str | Path) -> Path:
-    """KL, entropy, clip fraction and gradient norm per step (2x2)."""
-    fig, axes = plt.subplots(2, 2, figsize=(11, 5.5), sharex=True)
+    """KL, entropy, clip fraction, gradient norm and the sampler/trainer gap per step (2x3)."""
+    fig, axes = plt.subplots(2, 3, figsize=(14, 5.5), sharex=True)
     for ax, (key, label) in zip(axes.flat, [("train/kl", "KL to reference"), ("train/entropy", "entropy"),
-                                            ("train/clip_fraction", "clip fraction"), ("train/grad_norm", "gradient norm")]):
+                                            ("rollout/logprob_diff_mean", "|trainer - sampler| log-prob, mean"),
+                                            ("train/clip_fraction", "clip fraction"), ("train/grad_norm", "gradient norm"),
+                                            ("rollout/kl_sampler_trainer_k3", "KL(sampler || trainer), k3")]):
         xs, ys = _series(history, key)
         ax.plot(xs, ys, marker="." if len(xs) < 30 else None)
         ax.set_title(label, fontsize=10)

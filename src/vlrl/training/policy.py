@@ -32,6 +32,7 @@ side by side). So the stats stay exactly reproducible and equal across worker co
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -40,7 +41,11 @@ from typing import Any
 
 import torch
 
-from vlrl.algo.grpo import entropy_from_logits, grpo_loss, token_advantages, token_logprobs
+from vlrl.algo.grpo import (
+    entropy_from_logits, grpo_loss, head_logprobs, rollout_correction_weights, sampler_mismatch, token_advantages,
+    token_logprobs,
+)
+from vlrl.errors import VlrlError
 from vlrl.config import AlgoConfig, RunConfig
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
@@ -136,9 +141,11 @@ def combine_update_stats(partials: list[list[dict[str, float]]]) -> UpdateStats:
     """Per-worker, per-step partial stats (`Policy.run_plan`) -> the update's mean stats.
 
     Loss-like stats are sums of share-weighted micro-batch values, so they add up across
-    workers; grad_norm and lr are global and the same on every worker (rank 0's is kept).
-    Timings (`time_*` keys) are wall-clock: the slowest worker's, summed over the steps (not a
-    mean); they go to `.timings` without the `time_` prefix.
+    workers; `*_max` / `*_min` keys are extremes over every micro-batch, worker and step (true
+    extremes, not means of them); `mismatch_*` keys are raw sums over the tokens of one epoch,
+    turned into the sampler/trainer gap (`MISMATCH_KEYS`); grad_norm and lr are global and the
+    same on every worker (rank 0's is kept). Timings (`time_*` keys) are wall-clock: the slowest
+    worker's, summed over the steps (not a mean); they go to `.timings` without the `time_` prefix.
     """
     totals: dict[str, float] = {}
     steps = len(partials[0]) if partials else 0
@@ -152,17 +159,39 @@ def combine_update_stats(partials: list[list[dict[str, float]]]) -> UpdateStats:
                 elif k.startswith("time_"):
                     merged[k] = max(merged.get(k, 0.0), v)
                 else:
-                    merged[k] = merged.get(k, 0.0) + v
+                    merged[k] = _merge_stat(k, merged.get(k), v)
         for k, v in merged.items():
-            totals[k] = totals.get(k, 0.0) + v
-    stats = {k: v / max(1, steps) for k, v in totals.items() if not k.startswith("time_")}
+            totals[k] = _merge_stat(k, totals.get(k), v)
+    stats = {k: v if k.endswith(("_max", "_min")) or k.startswith("mismatch_") else v / max(1, steps)
+             for k, v in totals.items() if not k.startswith("time_")}
+    tokens = stats.pop("mismatch_tokens", 0.0)
+    abs_sum, k3_sum = stats.pop("mismatch_abs_sum", 0.0), stats.pop("mismatch_k3_sum", 0.0)
+    if tokens > 0:
+        stats["logprob_diff_mean"], stats["kl_sampler_trainer_k3"] = abs_sum / tokens, k3_sum / tokens
     return UpdateStats(stats, {k[len("time_"):]: v for k, v in totals.items() if k.startswith("time_")})
+
+
+# The update's sampler-vs-trainer stats, which the trainer records as `rollout/<key>`.
+MISMATCH_KEYS = ("logprob_diff_mean", "logprob_diff_max", "kl_sampler_trainer_k3")
+
+
+def _merge_stat(key: str, have: float | None, value: float) -> float:
+    """Add up a stat over micro-batches, workers or steps: extremes for `*_max`/`*_min`, else sums."""
+    if have is None:
+        return value
+    if key.endswith("_max"):
+        return max(have, value)
+    if key.endswith("_min"):
+        return min(have, value)
+    return have + value
 
 
 class Policy:
     def __init__(self, model: Any, config: RunConfig, suppress_token_ids: list[int], pad_token_id: int, total_optimizer_steps: int,
-                 world_size: int = 1):
+                 world_size: int = 1, reference_adapter: str | None = None):
         self.model = model
+        # The KL reference: this frozen adapter of the model (a warm start), or None: the base (adapter disabled).
+        self.reference_adapter = reference_adapter
         self.world_size = world_size
         self.config = config
         self.suppress = list(suppress_token_ids)
@@ -182,22 +211,80 @@ class Policy:
     def score(self, sequences: list[MultimodalSequence], with_adapter: bool = True, entropy: bool = False):
         """Log-probs (and optionally entropies) of every next token; [B, T-1] tensors plus the batch."""
         batch = collate(sequences, self.pad_id, side="right")
-        if with_adapter:
+        with self._adapter(with_adapter):
             logits = self._forward(batch)
-        else:
-            with self.model.disable_adapter():
-                logits = self._forward(batch)
         logits = logits[:, :-1]
         targets = batch["input_ids"][:, 1:].to(logits.device)
         logp = token_logprobs(logits, targets, self.config.rollout.temperature, self.suppress)
         ent = entropy_from_logits(logits.float() / self.config.rollout.temperature) if entropy else None
         return logp, ent, batch
 
+    def score_tokens(self, sequences: list[MultimodalSequence], with_adapter: bool = True, entropy: bool = False):
+        """Log-probs (and optionally entropies) of the tokens that carry loss; [B, T-1] tensors with 0
+        at every other position, plus the batch.
+
+        The loss pass: the model runs as usual, but its LM head is swapped (for this call only) for
+        one that gathers the hidden rows where the loss mask is 1 (the logit at position t scores
+        token t + 1) and applies the head, temperature, suppression and log-softmax to them in
+        chunks of `algo.logit_chunk_size` rows (`head_logprobs`: checkpointed, so no [B, T, V]
+        float32 logits outlive their chunk; entropy without autograd). Going through the model's
+        own forward keeps PEFT and FSDP2 (whose root unshards the head's weight) in charge.
+        `algo.logit_chunk_size = 0` takes the full-logits path (`score`) instead.
+        """
+        chunk = self.config.algo.logit_chunk_size
+        if chunk == 0:
+            return self.score(sequences, with_adapter=with_adapter, entropy=entropy)
+        batch = collate(sequences, self.pad_id, side="right")
+        mask = batch["loss_mask"][:, 1:].bool()
+        rows = mask.nonzero(as_tuple=True)
+        tokens = batch["input_ids"][:, 1:][rows].to(self.device)
+        rows_dev = tuple(r.to(self.device) for r in rows)
+        head = self._lm_head()
+        original = head.forward
+        gathered: dict[str, torch.Tensor | None] = {}
+
+        def head_forward(hidden: torch.Tensor) -> torch.Tensor:
+            logp, gathered["entropy"] = head_logprobs(
+                hidden[rows_dev], original, tokens, self.config.rollout.temperature, self.suppress, chunk, entropy
+            )
+            return logp
+
+        head.forward = head_forward  # an instance attribute shadows the class's forward
+        try:
+            with self._adapter(with_adapter):
+                logp_rows = self._forward(batch)
+        finally:
+            del head.forward
+        logp = torch.zeros(mask.shape, dtype=torch.float32, device=logp_rows.device).index_put(rows_dev, logp_rows)
+        ent = None
+        if entropy:
+            ent = torch.zeros(mask.shape, dtype=torch.float32, device=logp_rows.device).index_put(rows_dev, gathered["entropy"])
+        return logp, ent, batch
+
+    def _adapter(self, trained: bool):
+        """The context of a forward: the trained adapter, or the KL reference (the frozen warm-start
+        adapter when there is one, else the base with the adapter disabled)."""
+        from vlrl.models.lora import using_adapter
+
+        if trained:
+            return contextlib.nullcontext()
+        if self.reference_adapter is not None:
+            return using_adapter(self.model, self.reference_adapter)
+        return self.model.disable_adapter()
+
+    def _lm_head(self) -> torch.nn.Module:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        head = getattr(base, "lm_head", None)
+        if not isinstance(head, torch.nn.Module) or "forward" in vars(head):
+            raise VlrlError(f"{type(base).__name__} has no plain `lm_head` module; set algo.logit_chunk_size=0 (full logits)")
+        return head
+
     @torch.no_grad()
     def score_no_grad(
         self, sequences: list[MultimodalSequence], with_adapter: bool = True, passes: int | None = None
     ) -> list[torch.Tensor]:
-        """Per-sequence log-prob vectors (length len-1), micro-batch by micro-batch.
+        """Per-sequence log-prob vectors (length len-1), micro-batch by micro-batch; only the
+        positions whose token carries loss are scored (`score_tokens`), the others hold 0.
 
         `passes` (sharded policy): run forward passes up to this many, the extra ones on the first
         sequence with their output dropped, so every worker enters the same collectives.
@@ -208,10 +295,10 @@ class Policy:
         self.model.eval()
         for s in range(0, len(sequences), mb):
             chunk = sequences[s : s + mb]
-            logp, _, _ = self.score(chunk, with_adapter=with_adapter)
+            logp, _, _ = self.score_tokens(chunk, with_adapter=with_adapter)
             out += [logp[i, : len(seq) - 1].cpu() for i, seq in enumerate(chunk)]
         for _ in range((passes or 0) - -(-len(sequences) // mb)):
-            self.score(sequences[:1], with_adapter=with_adapter)
+            self.score_tokens(sequences[:1], with_adapter=with_adapter)
         self.model.train(was)
         return out
 
@@ -233,25 +320,34 @@ class Policy:
         seqs = [e.sequence for e in episodes]
         start = time.perf_counter()
         # With a single optimizer step the policy being updated IS the one that sampled, so the
-        # "old" log-probs equal the loss pass's own, detached (as verl/TRL do): one forward saved.
+        # trainer's "old" log-probs equal the loss pass's own, detached (as verl/TRL do): one
+        # forward saved. With several, the policy re-scores the batch before the first step (also
+        # when `algo.old_logprobs = sampler`: the sampler/trainer gap is measured against them).
         on_policy = len(plan.steps) == 1
-        old = None if on_policy else self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
+        trainer_old = None if on_policy else self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
         ref = self.score_no_grad(seqs, with_adapter=False, passes=plan.score_passes) if self.config.algo.kl_coef > 0 else None
         scoring_s = time.perf_counter() - start
         self.model.train()
         out = []
-        for micro_batches, denom in zip(plan.steps, plan.denominators):
+        steps_per_epoch = len(plan.steps) // self.config.algo.ppo_epochs
+        for s, (micro_batches, denom) in enumerate(zip(plan.steps, plan.denominators)):
             local = [[at[i] for i in micro] for micro in micro_batches]
             start = time.perf_counter()
-            stats = self._optimizer_step(local, seqs, advantages, old, ref, denom)
+            # The first epoch sees every episode once: that is where the sampler/trainer gap is measured.
+            stats = self._optimizer_step(local, seqs, advantages, trainer_old, ref, denom, measure_mismatch=s < steps_per_epoch)
             stats["time_optim_s"] = time.perf_counter() - start
             out.append(stats)
         if out:  # the scoring happens once per update; book it on the first step (steps are summed)
             out[0]["time_logprob_s"] = scoring_s
         return out
 
-    def _optimizer_step(self, micro_batches, seqs, advantages, old, ref, denom) -> dict[str, float]:
-        """One optimizer step over this worker's micro-batches (local positions; [] = zero-weight pass)."""
+    def _optimizer_step(self, micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch=False) -> dict[str, float]:
+        """One optimizer step over this worker's micro-batches (local positions; [] = zero-weight pass).
+
+        `trainer_old`: the policy's log-probs before the update (None: this step's own, detached).
+        The "old" log-probs of the ratio are those or the sampler's (`algo.old_logprobs`); with
+        `algo.rollout_correction`, each token's loss is weighted against the sampler.
+        """
         from vlrl.runtime.distributed import to_float
 
         a = self.config.algo
@@ -269,13 +365,20 @@ class Policy:
                     continue
                 self._zero_weight_pass(seqs[micro[0]])
                 continue
-            logp, ent, batch = self.score([seqs[i] for i in micro], entropy=True)
+            logp, ent, batch = self.score_tokens([seqs[i] for i in micro], entropy=True)
             mask = batch["loss_mask"][:, 1:].to(logp.device)
             # Prompt positions hold image tokens, which are suppressed (log-prob -inf). They are
             # masked out of the loss, but the k3 KL's exp(-inf - -inf) would still put NaN into
             # the gradient (0 * NaN), so they are zeroed here.
             logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
-            old_b = logp.detach() if old is None else _pad_stack([old[i] for i in micro], logp.shape[1], logp.device)
+            sampler_b = batch["sample_logprobs"][:, 1:].to(logp.device)
+            trainer_b = logp.detach() if trainer_old is None else _pad_stack([trainer_old[i] for i in micro], logp.shape[1], logp.device)
+            old_b = sampler_b if a.old_logprobs == "sampler" else trainer_b
+            is_weights = None
+            if a.rollout_correction != "off":
+                is_weights = rollout_correction_weights(
+                    trainer_b, sampler_b, mask, a.rollout_correction, a.rollout_correction_cap, a.ratio_level
+                )
             ref_b = _pad_stack([ref[i] for i in micro], logp.shape[1], logp.device) if ref is not None else None
             if any(isinstance(advantages[i], (list, tuple)) for i in micro):
                 # Per-turn advantages (GiGPO): one value per token; column t scores token t + 1.
@@ -286,14 +389,19 @@ class Policy:
             loss, stats = grpo_loss(
                 logp, old_b, ref_b, adv, mask,
                 eps_low=a.eps_low, eps_high=a.eps_high, ratio_level=a.ratio_level, agg=a.loss_agg,
-                kl_coef=a.kl_coef, max_tokens=self.config.rollout.max_new_tokens,
+                kl_coef=a.kl_coef, max_tokens=self.config.rollout.max_new_tokens, is_weights=is_weights,
             )
             # x world_size: FSDP averages gradients over workers; we want their sum.
             (loss * (share * self.world_size)).backward()
             n_tok = mask.sum().clamp(min=1)
             extra = {"loss": float(loss.detach()), "entropy": float((ent.detach() * mask).sum() / n_tok)}
             for k, v in {**{k: float(v) for k, v in stats.items()}, **extra}.items():
-                acc[k] = acc.get(k, 0.0) + v * share
+                acc[k] = _merge_stat(k, acc.get(k), v if k.endswith(("_max", "_min")) else v * share)
+            if measure_mismatch:
+                gap = {k: float(v) for k, v in sampler_mismatch(trainer_b, sampler_b, mask).items()}
+                for k in ("abs_sum", "k3_sum", "tokens"):
+                    acc[f"mismatch_{k}"] = acc.get(f"mismatch_{k}", 0.0) + gap[k]
+                acc["logprob_diff_max"] = max(acc.get("logprob_diff_max", 0.0), gap["abs_max"])
         if denom == 0:
             # Nothing to learn from: as on one worker, no gradient at all (zero-weight passes left zeros).
             self.optimizer.zero_grad(set_to_none=True)

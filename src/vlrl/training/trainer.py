@@ -47,6 +47,7 @@ from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_
 from vlrl.training.guards import (
     GuardEvent, GuardState, GuardStop, eval_phase_events, most_severe, update_phase_events, wants_rollback, wants_snapshot,
 )
+from vlrl.training.policy import MISMATCH_KEYS
 from vlrl.training.sampler import TaskSampler
 from vlrl.training.seeding import rng_state, set_rng_state
 
@@ -178,7 +179,8 @@ class GRPOTrainer:
             t1 = time.perf_counter()
             update = self.worker.update(episodes, adv, seed=c.train.seed + self.step_idx)
             values["time/update_s"] = time.perf_counter() - t1
-            values.update({f"train/{k}": v for k, v in update.items()})
+            # The sampler/trainer gap describes the rollout, so it is recorded under rollout/.
+            values.update({f"rollout/{k}" if k in MISMATCH_KEYS else f"train/{k}": v for k, v in update.items()})
             values.update({f"time/{k}": v for k, v in getattr(update, "timings", {}).items()})  # logprob_s, optim_s
             values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(1e-9, values["time/update_s"])
             events = update_phase_events(c.train.guards, self.step_idx + 1, values, self.history)

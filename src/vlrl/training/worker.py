@@ -120,6 +120,7 @@ class Worker:
         self.model_dir = model_dir
         self.processor = load_processor(model_dir)
         self.chat = ChatFormat(self.processor)
+        self.reference_adapter: str | None = None  # set by _lora_model when the KL reference is the warm start
         self.model = self._lora_model(trainable=True)
         if world_size > 1:
             distributed.shard_policy(self.model, self.device)
@@ -128,7 +129,8 @@ class Worker:
         tok = self.processor.tokenizer
         self.suppress = vision_special_token_ids(self.processor)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.chat.eos_id
-        self.policy = Policy(self.model, config, self.suppress, self.pad_id, total_optimizer_steps, world_size=world_size)
+        self.policy = Policy(self.model, config, self.suppress, self.pad_id, total_optimizer_steps, world_size=world_size,
+                             reference_adapter=self.reference_adapter)
         self.engine = self._make_engine()
         if world_size > 1:
             self.sync_adapter(0)  # the engine's copy starts from the policy's adapter
@@ -136,14 +138,19 @@ class Worker:
     def _lora_model(self, trainable: bool):
         """The base model with the run's LoRA adapter: the starting adapter when given, else fresh."""
         from vlrl.models.loading import load_policy_model
-        from vlrl.models.lora import apply_lora, load_adapter
+        from vlrl.models.lora import add_reference_adapter, apply_lora, load_adapter
 
         c = self.config
         base = load_policy_model(self.model_dir, dtype=c.model.dtype, attn_implementation=c.model.attn_implementation)
         if self.adapter_dir:
             # Continue from an existing adapter (e.g. the SFT warm start); its LoRA shape wins.
             # The engine's copy skips the base check: the policy's load has just done it.
-            return load_adapter(base, self.adapter_dir, is_trainable=trainable, verify_base=trainable)
+            model = load_adapter(base, self.adapter_dir, is_trainable=trainable, verify_base=trainable)
+            if trainable and c.algo.kl_coef > 0:
+                # The KL reference is the policy GRPO starts from: a frozen second copy of the warm
+                # start, not the base (docs/architecture.md, "Reference policy").
+                self.reference_adapter = add_reference_adapter(model, self.adapter_dir)
+            return model
         lo = c.model.lora
         # The engine's copy must not draw from the global RNG (it would shift everything after it);
         # its weights are overwritten by the first sync anyway.
