@@ -350,9 +350,30 @@ class Policy:
         """
         from vlrl.runtime.distributed import to_float
 
+        self.optimizer.zero_grad(set_to_none=True)
+        acc = self.accumulate_gradients(micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch)
+        if denom == 0:
+            # Nothing to learn from: as on one worker, no gradient at all (zero-weight passes left zeros).
+            self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
+        acc["grad_norm"] = to_float(grad_norm)
+        acc["lr"] = self.optimizer.param_groups[0]["lr"]
+        if not math.isfinite(acc["grad_norm"]) and withholds_nonfinite(self.config.train.guards):
+            # The stability guard (train.guards.nonfinite) decides what happens to the run; a NaN
+            # gradient would make the adapter and AdamW's moments NaN, so it is never applied.
+            # The norm is global (the same on every worker), so all workers withhold together.
+            self.optimizer.zero_grad(set_to_none=True)
+            return acc
+        self.optimizer.step()
+        self.scheduler.step()
+        return acc
+
+    def accumulate_gradients(self, micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch=False) -> dict[str, float]:
+        """Forward/backward of every micro-batch into the parameters' `.grad` (no optimizer step);
+        returns the partial stats. Each micro-batch's loss is weighted by its share of the
+        mini-batch's normaliser `denom`, so the sum does not depend on how it is cut."""
         a = self.config.algo
         by_tokens = a.loss_agg == "token_mean" and a.ratio_level == "token"
-        self.optimizer.zero_grad(set_to_none=True)
         acc: dict[str, float] = {}
         for micro in micro_batches:
             if not micro:
@@ -402,20 +423,6 @@ class Policy:
                 for k in ("abs_sum", "k3_sum", "tokens"):
                     acc[f"mismatch_{k}"] = acc.get(f"mismatch_{k}", 0.0) + gap[k]
                 acc["logprob_diff_max"] = max(acc.get("logprob_diff_max", 0.0), gap["abs_max"])
-        if denom == 0:
-            # Nothing to learn from: as on one worker, no gradient at all (zero-weight passes left zeros).
-            self.optimizer.zero_grad(set_to_none=True)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
-        acc["grad_norm"] = to_float(grad_norm)
-        acc["lr"] = self.optimizer.param_groups[0]["lr"]
-        if not math.isfinite(acc["grad_norm"]) and withholds_nonfinite(self.config.train.guards):
-            # The stability guard (train.guards.nonfinite) decides what happens to the run; a NaN
-            # gradient would make the adapter and AdamW's moments NaN, so it is never applied.
-            # The norm is global (the same on every worker), so all workers withhold together.
-            self.optimizer.zero_grad(set_to_none=True)
-            return acc
-        self.optimizer.step()
-        self.scheduler.step()
         return acc
 
     def set_lr_scale(self, scale: float) -> None:
