@@ -257,12 +257,15 @@ class AlgoConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        """Fill in the preset's fields that the user did not give (explicit fields win)."""
-        if isinstance(data, dict) and data.get("preset") is not None:
-            preset = ALGO_PRESETS.get(data["preset"])
-            if preset is not None:  # an unknown name is left to the field's own error
-                data = {**preset, **data}
-        return data
+        return apply_algo_preset(data)
+
+
+def apply_algo_preset(algo: Any) -> Any:
+    """The `algo` mapping with its preset's fields filled in where the user did not give them
+    (explicit fields win). Applied to what the user wrote, before the defaults are merged in."""
+    if isinstance(algo, dict) and isinstance(algo.get("preset"), str) and algo["preset"] in ALGO_PRESETS:
+        return {**ALGO_PRESETS[algo["preset"]], **algo}  # an unknown name is left to the field's own error
+    return algo
 
 
 # --------------------------------------------------------------------------------------------
@@ -640,6 +643,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         _set_dotted(data, key, value)
     if overrides:
         source += " (with overrides)"
+    if isinstance(data.get("algo"), dict):
+        data["algo"] = apply_algo_preset(data["algo"])
     try:
         return RunConfig.model_validate(_deep_merge(RunConfig().model_dump(), data))
     except ValidationError as exc:
