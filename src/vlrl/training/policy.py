@@ -2,8 +2,9 @@
 
 `Policy.update` is one GRPO update on a batch of episodes with their advantages:
 
-    old log-probs   <- the policy before the update (no grad), per micro-batch
-    ref log-probs   <- the same model with the LoRA adapter disabled (only when kl_coef > 0)
+    old log-probs   <- the policy before the update (no grad), per micro-batch; or the sampler's
+    ref log-probs   <- the same model with the LoRA adapter disabled, or the frozen warm-start
+                       adapter (only when kl_coef > 0)
     for each epoch, for each mini-batch (one optimizer step):
         for each micro-batch: loss = grpo_loss(...) * (its share of the mini-batch); backward
         clip the gradient norm; AdamW step; learning-rate schedule step
