@@ -55,7 +55,7 @@ def test_every_mapped_record_key_becomes_its_metric_with_run_label(config):
     assert got[("vlrl_reward_mean", (run,))] == 0.25
     assert got[("vlrl_clip_fraction", (run,))] == 0.05
     assert got[("vlrl_rollout_logprob_diff", (run, ("stat", "max")))] == 0.2
-    assert got[("vlrl_rollout_kl_k3", (run,))] == 0.001
+    assert got[("vlrl_rollout_sampler_kl", (run,))] == 0.001
     assert got[("vlrl_phase_seconds", (("phase", "logprob"), run))] == 0.25
     assert got[("vlrl_phase_seconds", (("phase", "optimizer"), run))] == 0.7
     assert got[("vlrl_tokens_per_second", (("kind", "train"), run))] == 900.0

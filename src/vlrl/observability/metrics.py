@@ -88,7 +88,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("vlrl_clip_fraction", "gauge", "Fraction of tokens whose ratio was clipped."),
     Family("vlrl_grad_norm", "gauge", "Gradient norm before clipping."),
     Family("vlrl_rollout_logprob_diff", "gauge", "|trainer - sampler| log-prob of the step's sampled tokens (before the update).", ("stat",)),
-    Family("vlrl_rollout_kl_k3", "gauge", "k3 estimate of KL(sampler || trainer) on the step's sampled tokens."),
+    Family("vlrl_rollout_sampler_kl", "gauge", "k3 estimate of KL(sampler || trainer) on the step's sampled tokens."),
     Family("vlrl_learning_rate", "gauge", "Learning rate after the step."),
     # evaluation
     Family("vlrl_eval_step", "gauge", "Step of the latest holdout evaluation."),
@@ -140,7 +140,7 @@ RECORD_METRICS: list[tuple[tuple[str, ...], str, dict[str, str]]] = [
     (("train/grad_norm",), "vlrl_grad_norm", {}),
     (("rollout/logprob_diff_mean",), "vlrl_rollout_logprob_diff", {"stat": "mean"}),
     (("rollout/logprob_diff_max",), "vlrl_rollout_logprob_diff", {"stat": "max"}),
-    (("rollout/kl_sampler_trainer_k3",), "vlrl_rollout_kl_k3", {}),
+    (("rollout/kl_sampler_trainer_k3",), "vlrl_rollout_sampler_kl", {}),
     (("train/lr",), "vlrl_learning_rate", {}),
     (("eval/success_rate",), "vlrl_eval_success_rate", {}),
     (("eval/success_low",), "vlrl_eval_success_bound", {"bound": "low"}),

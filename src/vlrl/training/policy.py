@@ -46,8 +46,8 @@ from vlrl.algo.grpo import (
     entropy_from_logits, grpo_loss, head_logprobs, rollout_correction_weights, sampler_mismatch, token_advantages,
     token_logprobs,
 )
-from vlrl.errors import VlrlError
 from vlrl.config import AlgoConfig, RunConfig
+from vlrl.errors import VlrlError
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
 from vlrl.training.guards import withholds_nonfinite
