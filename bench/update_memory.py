@@ -17,8 +17,9 @@ like the trainer's (real chat template, real maze images, random response tokens
 Each (workload, loss implementation, micro-batch size) runs `--warmup` + `--iters` updates; the
 peak allocated memory (torch.cuda.max_memory_allocated, from a reset after the model and the
 optimizer were built) and update tokens/s (all tokens of the updated sequences / update seconds,
-as the trainer's throughput/train_tokens_per_s) are reported. `--loss-impl legacy` is the former
-loss pass (logits at every position, `algo.logit_chunk_size=0`), `chunked` the current one, so
+as the trainer's throughput/train_tokens_per_s) are reported. Loss passes (`--single-impl`,
+`--multi-impl`): `legacy` is the former one (logits at every position, `algo.logit_chunk_size=0`),
+`chunked` the current one, `chunked-ckpt` the current one with `train.gradient_checkpointing`, so
 before and after come from the same run on the same GPU. A configuration that runs out of memory
 is reported as such and the run goes on.
 
@@ -47,6 +48,7 @@ for path in (ROOT / "src", ROOT / "bench"):
 import grpo_bench  # noqa: E402  (the model builder and the workload's config)
 
 WORKERS = 6  # configs/qwen3vl-8b-6gpu.yaml
+IMPLS = ("legacy", "chunked", "chunked-ckpt")
 
 
 def _workload_config(settings: grpo_bench.BenchSettings, workload: str, micro: int, impl: str, turn_tokens: int):
@@ -119,6 +121,13 @@ def _measure(model, processor, settings, workload: str, impl: str, micro: int, a
     held = [_Episode(seqs[i]) for i in plan.indices]
     held_adv = [advantages[i] for i in plan.indices]
     steps = settings.warmup + settings.steps
+    base = model.get_base_model()
+    if impl == "chunked-ckpt":
+        from vlrl.models.loading import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
+    elif base.is_gradient_checkpointing:
+        base.gradient_checkpointing_disable()
     policy = Policy(model, config, vision_special_token_ids(processor), processor.tokenizer.pad_token_id,
                     total_optimizer_steps=steps * len(plan.steps), world_size=world)
     row: dict[str, Any] = {
@@ -166,9 +175,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--workload", choices=["single", "multi", "both"], default="both")
-    p.add_argument("--loss-impl", default="legacy,chunked", help="comma list of legacy | chunked")
-    p.add_argument("--single-micro", default="16,32,64", help="micro-batch sizes of the single-turn workload")
-    p.add_argument("--multi-micro", default="4,8", help="micro-batch sizes of the multi-turn workload")
+    p.add_argument("--single-impl", default="legacy,chunked", help="loss passes of the single-turn workload: legacy | chunked | chunked-ckpt")
+    p.add_argument("--multi-impl", default="legacy,chunked,chunked-ckpt", help="loss passes of the multi-turn workload")
+    p.add_argument("--single-micro", default="16,32", help="micro-batch sizes of the single-turn workload")
+    p.add_argument("--multi-micro", default="4,8", help="micro-batch sizes of the multi-turn workload (the config's is 8)")
     p.add_argument("--turns", type=int, default=18)
     p.add_argument("--turn-tokens", type=int, default=64, help="response tokens per turn of the multi-turn workload")
     p.add_argument("--workers", type=int, default=WORKERS, help="workers the multi-turn step is shared by")
@@ -194,13 +204,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     build_s = time.perf_counter() - t0
     _release(device)
     weights_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    impls = [s.strip() for s in args.loss_impl.split(",") if s.strip()]
+    def listed(text: str) -> list[str]:
+        return [s.strip() for s in text.split(",") if s.strip()]
+
+    for impl in listed(args.single_impl) + listed(args.multi_impl):
+        if impl not in IMPLS:
+            raise SystemExit(f"unknown loss pass {impl!r}; choose from {', '.join(IMPLS)}")
     rows = []
     plans = []
     if args.workload in ("single", "both"):
-        plans += [("single", impl, int(m)) for m in args.single_micro.split(",") for impl in impls]
+        plans += [("single", impl, int(m)) for m in listed(args.single_micro) for impl in listed(args.single_impl)]
     if args.workload in ("multi", "both"):
-        plans += [("multi", impl, int(m)) for m in args.multi_micro.split(",") for impl in impls]
+        plans += [("multi", impl, int(m)) for m in listed(args.multi_micro) for impl in listed(args.multi_impl)]
     for workload, impl, micro in plans:
         run = settings if workload == "single" else grpo_bench.BenchSettings(**{**settings.__dict__, "warmup": 0, "steps": args.multi_iters})
         row = _measure(model, processor, run, workload, impl, micro, args)

@@ -373,6 +373,10 @@ class TrainConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Schedule after warm-up.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each transformer block's activations in backward instead of keeping them (non-reentrant torch checkpoint): far less memory for long multi-turn sequences, about one more forward of time.",
+    )
     eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
     eval_tasks: int = Field(64, ge=1, description="Holdout tasks used by periodic evaluation.")
     checkpoint_every: int = Field(

@@ -119,3 +119,13 @@ def count_checkpoint_parameters(model_dir: str | Path) -> dict[str, int]:
                 if ".visual." in f".{name}":
                     vision += n
     return {"total": total, "vision": vision, "language": total - vision}
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute every transformer block's activations in backward (transformers' own gradient
+    checkpointing, non-reentrant, so it composes with FSDP2 and frozen base weights); a PEFT
+    wrapper is looked through. Forward passes without autograd (rollouts, scoring) are unchanged."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise VlrlError(f"{type(base).__name__} does not support gradient checkpointing; set train.gradient_checkpointing=false")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

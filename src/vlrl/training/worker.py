@@ -122,6 +122,10 @@ class Worker:
         self.chat = ChatFormat(self.processor)
         self.reference_adapter: str | None = None  # set by _lora_model when the KL reference is the warm start
         self.model = self._lora_model(trainable=True)
+        if config.train.gradient_checkpointing:
+            from vlrl.models.loading import enable_activation_checkpointing
+
+            enable_activation_checkpointing(self.model)
         if world_size > 1:
             distributed.shard_policy(self.model, self.device)
         else:
