@@ -70,10 +70,12 @@ bench)
     python3 bench/grpo_bench.py --merge "$OUT/vlrl_vllm.json" "$OUT/trl_vllm.json" --out "$OUT/side_by_side.json"
   ;;
 extra)
-  if [ -f bench/update_memory.py ]; then
-    stamp "update memory, 8B shape (issue 17)"
-    timeout 300 python3 bench/update_memory.py --out "$OUT/update_memory.json"
-  fi
+  # Issue 17: the loss pass's memory and speed at 8B shape, before (legacy) and after (chunked), one
+  # workload per command so a slow one costs only itself.
+  stamp "update memory, 8B shape, single-turn workload (issue 17)"
+  timeout 200 python3 bench/update_memory.py --workload single --out "$OUT/update_memory_single.json"
+  stamp "update memory, 8B shape, the 6-GPU config's per-GPU multi-turn share (issue 17)"
+  timeout 270 python3 bench/update_memory.py --workload multi --multi-micro 8 --out "$OUT/update_memory_multi.json"
   ;;
 esac
 stamp "done ($MODE)"
