@@ -119,7 +119,7 @@ def vllm_command(options: ServeOptions, python: str | None = None) -> list[str]:
         "--served-model-name", options.served_base_name,
         "--host", options.host,
         "--port", str(options.port),
-        "--dtype", options.dtype or checkpoint_dtype(options.base),
+        "--dtype", options.dtype or serving_dtype(options.base, _has_gpu()),
         "--max-model-len", str(options.max_model_len),
         "--generation-config", "vllm",
         "--limit-mm-per-prompt", json.dumps({"image": options.max_images, "video": 0}),
@@ -153,6 +153,14 @@ def checkpoint_dtype(model_dir: str | Path) -> str:
         if dtype in ("float32", "bfloat16", "float16"):
             return dtype
     return "auto"
+
+
+def serving_dtype(model_dir: str | Path, gpu: bool) -> str:
+    """The checkpoint's dtype, except float32 on a GPU: vLLM's CUDA LoRA kernels take only 16-bit
+    activations (an assertion in `_lora_shrink`, seen with vLLM 0.24 on an H200), so a float32
+    checkpoint is served in bfloat16 there; `--dtype` in ServeOptions overrides."""
+    dtype = checkpoint_dtype(model_dir)
+    return "bfloat16" if gpu and dtype == "float32" else dtype
 
 
 def _has_gpu() -> bool:
