@@ -40,7 +40,7 @@ M8B=/tmp/m8b
 case "$MODE" in
 serve)
   stamp "serving: vlrl serve on the GPU (tiny model, two adapters), 32 then 128 clients, a swap in each phase"
-  timeout 280 python3 bench/serve_load.py --make-tiny /tmp/serve-bench --clients 32,128 --duration 20 \
+  timeout 280 python3 bench/serve_load.py --make-tiny /tmp/serve-bench --clients 32,128 --duration 15 \
     --json "$OUT/serve_load.json"
   echo "serve_load exit $?"
   ;;
