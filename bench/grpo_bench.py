@@ -355,18 +355,28 @@ def saved_model_dir(settings: BenchSettings) -> Path:
     if Path(settings.model).is_dir():
         return Path(settings.model)
     path = Path(settings.model_dir or f"/tmp/vlrl-bench-{settings.model}")
-    if not (path / "config.json").is_file():
-        from vlrl.models.tiny import TINY_SPECS, _save_processor_files, build_tokenizer
-
-        model, _ = build_model(settings, settings.resolved_device())
-        tmp = path.with_name(f".{path.name}.tmp")
-        model.save_pretrained(str(tmp))
-        spec = TINY_SPECS[settings.model]
-        _save_processor_files(tmp, spec, build_tokenizer(spec.tokenizer_vocab))
-        tmp.rename(path)
-        del model
-        _release(settings.resolved_device())
+    save_preset(path, settings)
     return path
+
+
+def save_preset(path: Path, settings: BenchSettings) -> float:
+    """Build the preset `settings.model` and save it (weights, tokenizer, processor) at `path`
+    unless it is there; returns the seconds it took. Written aside, then renamed."""
+    if (path / "config.json").is_file():
+        return 0.0
+    from vlrl.models.tiny import TINY_SPECS, _save_processor_files, build_tokenizer
+
+    t0 = time.perf_counter()
+    device = settings.resolved_device()
+    model, _ = build_model(settings, device)
+    tmp = path.with_name(f".{path.name}.tmp")
+    model.save_pretrained(str(tmp))
+    spec = TINY_SPECS[settings.model]
+    _save_processor_files(tmp, spec, build_tokenizer(spec.tokenizer_vocab))
+    tmp.rename(path)
+    del model
+    _release(device)
+    return time.perf_counter() - t0
 
 
 def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, memory_log: dict[str, float]):

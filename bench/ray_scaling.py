@@ -34,24 +34,7 @@ import grpo_bench  # noqa: E402  (the workload definition)
 
 def ensure_model_dir(path: Path, settings: grpo_bench.BenchSettings) -> float:
     """Build and save the preset at `path` unless it is there; returns the seconds it took."""
-    if (path / "config.json").is_file():
-        return 0.0
-    import torch
-
-    from vlrl.models.tiny import TINY_SPECS, _save_processor_files, build_tokenizer
-
-    t0 = time.perf_counter()
-    device = settings.resolved_device()
-    model, _ = grpo_bench.build_model(settings, device)
-    tmp = path.with_name(f".{path.name}.tmp")
-    model.save_pretrained(str(tmp))
-    spec = TINY_SPECS[settings.model]
-    _save_processor_files(tmp, spec, build_tokenizer(spec.tokenizer_vocab))
-    tmp.rename(path)
-    del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return time.perf_counter() - t0
+    return grpo_bench.save_preset(path, settings)
 
 
 def run_one(settings: grpo_bench.BenchSettings, model_dir: Path, workers: int, prompts: int, use_gpu: bool,

@@ -32,20 +32,27 @@ def vllm_module():
     return pytest.importorskip("vllm")
 
 
-@pytest.fixture(scope="module")
-def pair(vllm_module, ci_model_dir):
-    """(transformers worker, vLLM engine) on the same tiny base model and config."""
+def _worker_and_engine(ci_model_dir, *overrides: str, kv_cache_memory_mb: int = 64):
+    """A transformers worker and a vLLM engine on the same tiny base model and config."""
     from vlrl.config import load_config
     from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
     from vlrl.training.worker import Worker
 
-    cfg = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "runtime.backend=local", "rollout.engine=transformers"])
+    cfg = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "runtime.backend=local",
+                                               "rollout.engine=transformers", *overrides])
     worker = Worker(cfg, total_optimizer_steps=8)
     engine = VLLMEngine(
         ci_model_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
         lora_config=vllm_lora_config(worker.model), max_model_len=cfg.rollout.max_model_len,
-        max_images=cfg.env.max_turns, kv_cache_memory_mb=64, seed=0,
+        max_images=cfg.env.max_turns, kv_cache_memory_mb=kv_cache_memory_mb, seed=0,
     )
+    return worker, engine
+
+
+@pytest.fixture(scope="module")
+def pair(vllm_module, ci_model_dir):
+    """(transformers worker, vLLM engine) on the same tiny base model and config."""
+    worker, engine = _worker_and_engine(ci_model_dir)
     yield worker, engine
     engine.close()
 
@@ -267,18 +274,7 @@ def test_asking_for_an_absent_vllm_is_one_clear_error(ci_config, monkeypatch):
 @pytest.fixture(scope="module")
 def vision_pair(vllm_module, ci_model_dir):
     """(transformers worker, vLLM engine) for an adapter with LoRA on the vision tower too."""
-    from vlrl.config import load_config
-    from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
-    from vlrl.training.worker import Worker
-
-    cfg = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "runtime.backend=local",
-                                               "rollout.engine=transformers", "model.lora.include_vision=true"])
-    worker = Worker(cfg, total_optimizer_steps=8)
-    engine = VLLMEngine(
-        ci_model_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
-        lora_config=vllm_lora_config(worker.model), max_model_len=cfg.rollout.max_model_len,
-        max_images=cfg.env.max_turns, kv_cache_memory_mb=32, seed=0,
-    )
+    worker, engine = _worker_and_engine(ci_model_dir, "model.lora.include_vision=true", kv_cache_memory_mb=32)
     yield worker, engine
     engine.close()
 
