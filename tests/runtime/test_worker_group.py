@@ -97,9 +97,12 @@ def test_fsdp_two_workers_equal_one_worker(two_workers, ci_model_dir, tmp_path):
 
     Two updates of 4 AdamW steps each. The gradients are the same sums taken in another order
     (each worker sums its share of a mini-batch, then the all-reduce adds the shares), so they
-    agree to float rounding, not bit for bit. Observed on this machine: bit-identical with the
-    former splits' tasks, max |adapter diff| 6.2e-6 with the tasks of the layout-disjoint splits
-    (2026-12-01); asserted: 2e-5 after 8 AdamW steps.
+    agree to float rounding, not bit for bit: every update statistic (loss, gradient norm, ...)
+    is asserted to rel 1e-5. AdamW divides by the gradient's running RMS, so a rounding-level
+    difference on a near-zero gradient coordinate becomes a difference of up to lr per step in
+    the weights. Observed max |adapter diff| on this machine: 0.0 with the former splits' tasks,
+    6.2e-6 with the layout-disjoint splits, 2.6e-5 with the chunked loss pass (2026-12-01, full
+    suite); asserted: 1e-4 (lr 1e-3, 8 steps).
     """
     cfg, group = two_workers
     local = Worker(_config(ci_model_dir, tmp_path, "runtime.backend=local", *UPDATE), 20)
@@ -117,7 +120,7 @@ def test_fsdp_two_workers_equal_one_worker(two_workers, ci_model_dir, tmp_path):
     a1, a2 = local.adapter_state(), group.adapter_state()
     assert a1.keys() == a2.keys()
     worst = max(float((a1[k] - a2[k]).abs().max()) for k in a1)
-    assert worst <= 2e-5, worst
+    assert worst <= 1e-4, worst
     assert max(float(v.abs().max()) for k, v in a1.items() if "lora_B" in k) > 1e-3  # it did train
 
     # Every engine serves the gathered adapter: its sampling log-probs match the trained policy's.
