@@ -251,7 +251,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                                                           torch.cuda.max_memory_allocated(device) / 2**30)
         memory_log["sleep_freed_gib"] = (free_asleep - free_awake) / 2**30
         # A separate engine (vLLM) receives the adapter as CPU tensors; a shared one only a version bump.
-        sync_s = engine.update_adapter(adapter_state_dict(model) if not engine_shares(engine) else {}, step + 1)
+        sync_s = engine.update_adapter({} if getattr(engine, "shares_policy", False) else adapter_state_dict(model), step + 1)
         if settings.engine == "vllm" and device.type == "cuda":
             memory_log["free_after_wake_gib"] = _free_bytes(device) / 2**30
         t_end = time.perf_counter()
@@ -342,10 +342,6 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     return result
 
 
-def engine_shares(engine) -> bool:
-    return bool(getattr(engine, "shares_policy", False))
-
-
 def _free_bytes(device: torch.device) -> int:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
@@ -381,6 +377,7 @@ def save_preset(path: Path, settings: BenchSettings) -> float:
 
 def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, memory_log: dict[str, float]):
     """vlrl's vLLM engine beside the policy on the same device, sized as `vlrl train` sizes it."""
+    from vlrl.models.lora import adapter_state_dict
     from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
     from vlrl.training.worker import vllm_memory_share
 
@@ -388,8 +385,7 @@ def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, 
     cuda = device.type == "cuda"
     share = 0.5
     if cuda:
-        requested = settings.gpu_memory_utilization
-        share = vllm_memory_share(requested if requested == "auto" else float(requested), *torch.cuda.mem_get_info(device))
+        share = vllm_memory_share(settings.gpu_memory_utilization, *torch.cuda.mem_get_info(device))
         memory_log["vllm_share"] = share
     rows = max([settings.prompts * settings.samples, *settings.decode_sweep])
     engine = VLLMEngine(
@@ -400,16 +396,10 @@ def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, 
         if cuda else None,
     )
     engine.ignore_eos = True  # forced length, as the transformers engine runs the workload
-    engine.update_adapter(adapter_state_dict_of(model), 0)
+    engine.update_adapter(adapter_state_dict(model), 0)
     if cuda:
         memory_log["free_after_vllm_start_gib"] = torch.cuda.mem_get_info(device)[0] / 2**30
     return engine
-
-
-def adapter_state_dict_of(model):
-    from vlrl.models.lora import adapter_state_dict
-
-    return adapter_state_dict(model)
 
 
 def _first_observation(env_config, task):

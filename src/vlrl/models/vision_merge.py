@@ -68,12 +68,13 @@ def lora_scale(lora_config: dict[str, Any]) -> float:
 
 
 def merged_vision_weights(
-    base: dict[str, torch.Tensor], vision_state: dict[str, torch.Tensor], lora_config: dict[str, Any]
+    base: dict[str, torch.Tensor], pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], lora_config: dict[str, Any]
 ) -> dict[str, torch.Tensor]:
-    """Base vision weights with the adapter's vision LoRA merged in (computed in fp32, cast back)."""
+    """Base vision weights with the LoRA `pairs` (from `vision_lora_pairs`) merged in, computed in
+    fp32 and cast back; every pair's weight must be in `base`."""
     scale = lora_scale(lora_config)
     out = {}
-    for name, (a, b) in vision_lora_pairs(vision_state).items():
+    for name, (a, b) in pairs.items():
         if name not in base:
             raise VlrlError(f"the base checkpoint has no tensor {name}; the adapter's vision LoRA does not fit it")
         w = base[name]
@@ -86,8 +87,6 @@ def merged_vision_weights(
 
 def read_checkpoint_tensors(model_dir: str | os.PathLike, names: set[str]) -> dict[str, torch.Tensor]:
     """The named tensors of a safetensors checkpoint directory (one file or sharded), on CPU."""
-    from pathlib import Path
-
     from safetensors import safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -157,9 +156,8 @@ def merge_vision_into_base(base_dir: str | Path, adapter_dir: str | Path, out_di
         for item in base_dir.iterdir():
             if item.suffix == ".safetensors":
                 tensors = load_file(str(item))
-                here = {name: tensors[name] for name in pairs if name in tensors}
-                tensors.update(merged_vision_weights(here, {k: v for k, v in vision.items()
-                                                            if _weight_name(k) in here}, lora_config))
+                here = {name: pair for name, pair in pairs.items() if name in tensors}
+                tensors.update(merged_vision_weights(tensors, here, lora_config))
                 merged_names |= set(here)
                 save_file(tensors, str(tmp / "base" / item.name), metadata={"format": "pt"})
             elif item.is_file():
@@ -184,10 +182,4 @@ def merge_vision_into_base(base_dir: str | Path, adapter_dir: str | Path, out_di
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # The fingerprint was computed in tmp; the cache keys on the path, so compute it for the final one.
     return out / "base", out / "adapter"
-
-
-def _weight_name(adapter_key: str) -> str:
-    match = _LORA_KEY.match(adapter_key)
-    return f"{match.group('module')}.weight" if match else ""

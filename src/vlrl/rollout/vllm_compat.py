@@ -174,13 +174,17 @@ def install_memory_lora_loader(worker: Any) -> bool:
 
 
 def register_memory_adapter(worker: Any, lora_id: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
-    """Hold the tensors of adapter `lora_id` for the loader above (next to the one being served)."""
+    """Hold the tensors of adapter `lora_id` for the loader above (next to the one being served).
+
+    Held, not copied: the engine's caller hands over its own CPU copy (a 333 MiB adapter at 8B
+    shape would otherwise be copied twice per sync); `.to("cpu")` copies only GPU tensors.
+    """
     adapters = worker.model_runner.lora_manager._vlrl_adapters
-    adapters[lora_id] = ({k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}, config)
+    adapters[lora_id] = ({k: v.detach().to("cpu") for k, v in tensors.items()}, config)
 
 
-def keep_memory_adapter(worker: Any, lora_id: int) -> None:
-    """Forget every held adapter but `lora_id` (called once it is loaded and served)."""
+def keep_memory_adapter(worker: Any, lora_id: int | None) -> None:
+    """Forget every held adapter but `lora_id` (called once it is loaded and served; None: all)."""
     adapters = worker.model_runner.lora_manager._vlrl_adapters
     for other in [k for k in adapters if k != lora_id]:
         del adapters[other]

@@ -227,6 +227,8 @@ class VLLMEngine(RolloutEngine):
     def update_adapter(self, state: dict[str, torch.Tensor], version: int) -> float:
         """Serve these LoRA weights from now on, under a fresh adapter id; the previous one is dropped.
 
+        `state` must be the caller's own copy (the worker's gathered adapter is): in memory, the
+        engine keeps these tensors until the next version is served instead of copying them again.
         The language-model half goes through vLLM's LoRA (in memory, or files when that fails);
         the vision-tower half, which vLLM would silently ignore, is merged into the served vision
         weights (`vllm_compat` explains both).
@@ -264,6 +266,7 @@ class VLLMEngine(RolloutEngine):
             except Exception as exc2:
                 raise VlrlError(f"vLLM refused adapter version {version}: {_first_line(exc2)}") from exc2
             self._fall_back_to_files(f"loading adapter version {version} from memory failed ({first})")
+            self.llm.collective_rpc(compat.keep_memory_adapter, args=(None,))  # drop what the hook still holds
         if self.adapter_transport == "memory":
             self.llm.collective_rpc(compat.keep_memory_adapter, args=(lora_id,))
         else:
@@ -301,7 +304,7 @@ class VLLMEngine(RolloutEngine):
             self._vision_base = vision_merge.read_checkpoint_tensors(self.model_dir, set(pairs))
         elif set(pairs) != set(self._vision_base):
             raise VlrlError(f"adapter version {version} has LoRA on other vision modules than the previous one")
-        merged = vision_merge.merged_vision_weights(self._vision_base, vision, self.lora_config)
+        merged = vision_merge.merged_vision_weights(self._vision_base, pairs, self.lora_config)
         try:
             self.vision_load = compat.load_vision_weights(self.llm, sorted(merged.items()))
         except Exception as exc:
@@ -410,15 +413,17 @@ class VLLMEngine(RolloutEngine):
 
 
 # Warnings vLLM prints at every start that say nothing actionable for us: one line per vision-tower
-# linear layer (vLLM's LoRA covers the language model only; the engine merges vision LoRA itself), the CPU build's notes on
-# thread binding (we restore torch.set_num_threads), the global seed (we restore the RNG states),
+# linear layer (vLLM's LoRA covers the language model only; the engine merges vision LoRA itself),
+# the partial weight reloads of that merge on CPU, the CPU build's notes on thread binding (we restore torch.set_num_threads), the global seed (we restore the RNG states),
 # tcmalloc/iomp preloading, Triton and eager mode. Filters sit on the emitting module loggers,
 # because vLLM rebuilds its handlers when an engine starts.
-_VLLM_NOISE = ("PunicaWrapper", "Failed to load weights", "were not loaded from checkpoint", "Reloading", "set_num_threads", "LD_PRELOAD", "global random seed", "VLLM_DIST_IDENT",
-               "SSM cache type", "Triton", "Enforce eager set", "Inductor compilation was disabled")
+_VLLM_NOISE = ("PunicaWrapper", "Failed to load weights", "were not loaded from checkpoint", "Reloading",
+               "set_num_threads", "LD_PRELOAD", "global random seed", "VLLM_DIST_IDENT", "SSM cache type",
+               "Triton", "Enforce eager set", "Inductor compilation was disabled")
 _NOISY_LOGGERS = ("vllm.lora.model_manager", "vllm.model_executor.model_loader.reload.layerwise",
-                  "vllm.model_executor.model_loader.reload.inplace", "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils",
-                  "vllm.platforms.cpu", "vllm.platforms.interface", "vllm.config.vllm")
+                  "vllm.model_executor.model_loader.reload.inplace", "vllm.v1.worker.gpu_model_runner",
+                  "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils", "vllm.platforms.cpu",
+                  "vllm.platforms.interface", "vllm.config.vllm")
 
 
 def _first_line(exc: BaseException) -> str:
