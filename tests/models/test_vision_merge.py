@@ -75,3 +75,19 @@ def test_serving_refuses_an_adapter_with_vision_lora_in_one_line(tiny_dir, visio
         verify_base(vision_adapter, model_fingerprint(tiny_dir))
     message = str(info.value)
     assert "\n" not in message and "vision tower" in message and "vlrl model merge-vision" in message
+
+
+def test_serving_a_damaged_adapter_is_one_line(tiny_dir, vision_adapter, tmp_path):
+    import shutil
+
+    from vlrl.serve.adapters import verify_base
+
+    broken = tmp_path / "broken"
+    shutil.copytree(vision_adapter, broken)
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(VlrlError) as info:
+        verify_base(broken, model_fingerprint(tiny_dir))
+    assert "\n" not in str(info.value) and "cannot read" in str(info.value)
+    (broken / "adapter_model.safetensors").unlink()
+    with pytest.raises(VlrlError, match="no adapter_model.safetensors"):
+        verify_base(broken, model_fingerprint(tiny_dir))

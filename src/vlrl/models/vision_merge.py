@@ -110,8 +110,11 @@ def adapter_tensor_names(adapter_dir: str | Path) -> list[str]:
     path = Path(adapter_dir) / "adapter_model.safetensors"
     if not path.is_file():
         raise VlrlError(f"{adapter_dir} has no adapter_model.safetensors")
-    with safe_open(str(path), framework="pt") as handle:
-        return list(handle.keys())
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return list(handle.keys())
+    except Exception as exc:  # safetensors' own error type for a damaged header
+        raise VlrlError(f"cannot read {path}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
 
 
 def vision_tensor_count(adapter_dir: str | Path) -> int:
