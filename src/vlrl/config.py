@@ -388,7 +388,7 @@ class TrainConfig(Section):
     )
     max_minutes: float | None = Field(
         None, gt=0,
-        description="Wall-clock budget of this command: once a step ends past it, the run checkpoints and stops with exit status 75 (EX_TEMPFAIL); the same command with `--resume auto` continues it. None: no limit. For time-boxed jobs and preemptible slots.",
+        description="Wall-clock budget of this command: when the next step would end past it (judged by the longest of the last three steps), the run checkpoints and stops with exit status 75 (EX_TEMPFAIL); the same command with `--resume auto` continues it. None: no limit. For time-boxed jobs and preemptible slots.",
     )
     eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
     eval_tasks: int = Field(64, ge=1, description="Holdout tasks used by periodic evaluation.")

@@ -259,12 +259,18 @@ class GRPOTrainer:
 
     def _run_to_end(self) -> Path:
         c = self.config.train
+        recent: list[float] = []  # the last steps' wall times, to tell whether another one fits the budget
         while self.step_idx < c.steps:
+            t0 = time.monotonic()
             m = self.step()
+            recent = (recent + [time.monotonic() - t0])[-3:]
             rolled_back = m.step != self.step_idx  # a guard went back to a checkpoint: nothing new to save
             if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0 and self.step_idx < c.steps and not rolled_back:
                 self.save_checkpoint()
-            if c.max_minutes is not None and self.step_idx < c.steps and time.monotonic() - self._started > 60 * c.max_minutes:
+            # Stop BEFORE a step that would end past the budget: a job slot's hard limit would kill
+            # it mid-step and lose everything since the last checkpoint (seen on the GPU machine).
+            if (c.max_minutes is not None and self.step_idx < c.steps
+                    and time.monotonic() - self._started + max(recent) > 60 * c.max_minutes):
                 path = self.save_checkpoint()
                 raise TimeLimitReached(
                     f"train.max_minutes ({c.max_minutes:g}) reached after step {self.step_idx} of {c.steps}; "
