@@ -173,3 +173,23 @@ def test_the_env_commands_and_eval_tables_work_for_the_toy_env():
     table = group_table([result])
     assert table.title == "per level" and [c.header for c in table.columns][2] == "level"
     assert results_table([result]).columns[-1].header == "by level"
+
+
+def test_sft_transcripts_come_from_the_toy_envs_oracle(ci_model_dir, tmp_path):
+    import random
+
+    from vlrl.models.processor import load_processor
+    from vlrl.rollout.sequence import ChatFormat
+    from vlrl.training.sft import oracle_transcript, run_sft
+
+    cfg = load_config(None, ["env.name=toy_counter", "env.target=2"])
+    chat = ChatFormat(load_processor(ci_model_dir))
+    task = CounterEnv.build_split(cfg.env, "train")[0]
+    seq = oracle_transcript(cfg, chat, task, random.Random(0))
+    learned = chat.tokenizer.decode([t for t, m in zip(seq.token_ids, seq.loss_mask) if m])
+    assert learned.replace(chat.tokenizer.decode([chat.eos_id]), " ").split() == ["more", "more", "done"]
+    # noise needs the env's random responses: refused in one line before anything is written
+    noisy = load_config(None, ["env.name=toy_counter", "train.sft.noise=0.5", f"model.path={ci_model_dir}"])
+    with pytest.raises(VlrlError, match="needs env 'toy_counter' to give random responses"):
+        run_sft(noisy, tmp_path / "sft")
+    assert not (tmp_path / "sft").exists()

@@ -96,6 +96,10 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
     from vlrl.tracking.lineage import collect_lineage
     from vlrl.tracking.tracker import RunTracker
 
+    noise = config.train.sft.noise
+    if noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
+        raise VlrlError(f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
+                        "(a random_response(rng) method); set train.sft.noise=0")
     out_dir = Path(out_dir)
     tracker = RunTracker.from_config(config)
     tracker.start(config, out_dir, collect_lineage(config, out_dir, kind="sft", resumed=False))
@@ -117,9 +121,6 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     from vlrl.training.worker import ensure_model
 
     s = config.train.sft
-    if s.noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
-        raise VlrlError(f"train.sft.noise = {s.noise} needs env '{config.env.name}' to give random responses "
-                        "(a random_response(rng) method); set train.sft.noise=0")
     seed_everything(config.train.seed)
     if config.runtime.torch_threads:
         torch.set_num_threads(config.runtime.torch_threads)
