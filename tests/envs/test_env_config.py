@@ -222,3 +222,16 @@ def test_a_plugin_registers_through_the_vlrl_envs_entry_point(tmp_path):
     code = "from vlrl.envs.base import registered_envs\ntry:\n    registered_envs()\nexcept Exception as exc:\n    print(exc)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.stdout.strip() == "env plug-in 'plug' (plug_env) failed to load: broken plug-in", run.stderr
+
+
+
+def test_an_env_without_task_groups_is_one_group():
+    class FlatConfig(EnvConfigBase):
+        name: Literal["toy_flat"] = Field("toy_flat", description="An env without task groups.")
+
+    @register_env("toy_flat", config=FlatConfig)
+    class FlatEnv:
+        pass
+
+    task = Task("toy_flat", "holdout", 0, 0, {})
+    assert task_group(task) == "all" and task_group_label("toy_flat") == "group"
