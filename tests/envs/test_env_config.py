@@ -132,7 +132,7 @@ def test_register_env_checks_the_config_class():
     assert "toy_no_config" not in registered_envs() and "toy_other" not in registered_envs()
 
 
-def test_every_env_field_is_documented_and_shown():
+def test_every_env_field_is_documented_and_shown(tmp_path):
     for name in registered_envs():
         rows = describe_fields(env=name)
         undocumented = [key for key, _, _, doc in rows if not doc.strip()]
@@ -143,6 +143,10 @@ def test_every_env_field_is_documented_and_shown():
     runner = CliRunner()
     shown = runner.invoke(app, ["config", "show", "--doc", "--env", "toy_counter"], terminal_width=300)
     assert shown.exit_code == 0 and "env.target" in shown.output and "env.sizes" not in shown.output
+    toy = tmp_path / "toy.yaml"
+    toy.write_text("env: {name: toy_counter}\n")
+    of_file = runner.invoke(app, ["config", "show", "--doc", str(toy)], terminal_width=300)
+    assert of_file.exit_code == 0 and "env.levels" in of_file.output and "env.sizes" not in of_file.output
     bad = runner.invoke(app, ["config", "show", "--doc", "--env", "toy_countr"])
     assert bad.exit_code != 0 and "did you mean 'toy_counter'" in str(bad.exception)
 
