@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 
 from vlrl.config import load_config
-from vlrl.eval.evaluate import paired_table, pair_results, results_table, size_table
+from vlrl.eval.evaluate import group_table, paired_table, pair_results, results_table
 from vlrl.eval.protocol import evaluate_models
 from vlrl.eval.stats import Proportion
 from vlrl.report.plots import learning_curve
@@ -76,7 +76,7 @@ def main() -> None:
         results = evaluate_models(config, models, split=split, limit=n, greedy=True, out_dir=out / f"eval-{split}")
         seconds = time.perf_counter() - t0
         console.print(results_table(results, title=f"{split}: {n} mazes, greedy ({seconds:.0f} s)"))
-        console.print(size_table(results))
+        console.print(group_table(results))
         console.print(paired_table(results))
         by = {r.label: r for r in results}
         oracle = oracle_success(config, split, n)

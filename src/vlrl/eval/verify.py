@@ -1,10 +1,10 @@
 """Re-verify an evaluation from its traces alone: `vlrl eval-verify DIR`.
 
-Every trace holds the maze as JSON and the model's raw responses. Replaying them through the
+Every trace holds what the agent faced (the maze: its JSON) and the model's raw responses. Replaying them through the
 environment (`envs.base.replay_trace`) recomputes each episode's success and return without any
 model; the recomputed success count must equal the one in summary.json. The replayed tasks are
 also checked against the training split by content (for the maze, by wall layout), so a
-reader can confirm that none of the evaluated mazes was a training maze.
+reader can confirm that none of the evaluated tasks was a training task.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class VerifyReport:
     successes_replayed: int
     successes_recorded: int | None  # from summary.json next to the traces, if present
     mismatched: list[str] = field(default_factory=list)  # task ids whose replay differs from the trace
-    in_train_split: list[str] = field(default_factory=list)  # task ids whose maze is a training maze
+    in_train_split: list[str] = field(default_factory=list)  # task ids whose content is a training task's
 
     @property
     def ok(self) -> bool:
@@ -37,15 +37,13 @@ class VerifyReport:
 
 
 def _train_overlap(traces: list[dict[str, Any]]) -> list[str]:
-    from vlrl.config import EnvConfig
-
     tasks = [Task.from_json(t["task"]) for t in traces if t.get("task", {}).get("split") != "train"]
     if not tasks:
         return []
     cls = env_class(tasks[0].env)
     if not hasattr(cls, "train_overlap"):
         return []  # listing a whole training split needs its config; the protocol checked it before evaluating
-    return [t.task_id for t in cls.train_overlap(EnvConfig(name=tasks[0].env), tasks)]
+    return [t.task_id for t in cls.train_overlap(cls.config_class(name=tasks[0].env), tasks)]
 
 
 def verify_traces(traces_file: str | Path) -> VerifyReport:

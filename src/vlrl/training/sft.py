@@ -1,8 +1,9 @@
 """SFT warm start: behaviour cloning of the environment's oracle, multi-turn, with LoRA.
 
-Transcripts are played by the oracle (`env.oracle_response()`) on training tasks. With
-`train.sft.noise > 0` a share of turns takes a random action instead, so transcripts also show
-how to recover from a bump; those random turns carry no loss (the model must not clone them).
+Transcripts are played by the oracle (`env.oracle_response()`) turn by turn on training tasks, for
+any env. With `train.sft.noise > 0` a share of turns takes a random response instead
+(`env.random_response(rng)`; the maze: a random move), so transcripts also show how to recover
+from a mistake; those random turns carry no loss (the model must not clone them).
 The loss is the mean negative log-likelihood of the oracle's response tokens. With
 `train.sft.target_loss` the warm start ends once the loss has come down that far: a random tiny
 model learns to see the maze in a sudden drop of the loss whose step varies with the batch order,
@@ -29,10 +30,10 @@ import torch
 
 from vlrl.config import RunConfig
 from vlrl.algo.grpo import token_logprobs
-from vlrl.envs.base import Task, build_split, make_env
+from vlrl.envs.base import Task, build_split, env_class, make_env
+from vlrl.errors import VlrlError
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
 
-RANDOM_ACTIONS = ("up", "down", "left", "right")
 log = logging.getLogger(__name__)
 
 
@@ -43,7 +44,7 @@ def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: rand
     tok = chat.tokenizer
     for _ in range(config.env.max_turns):
         noisy = config.train.sft.noise > 0 and rng.random() < config.train.sft.noise
-        text = f"<action>{rng.choice(RANDOM_ACTIONS)}</action>" if noisy else env.oracle_response()
+        text = env.random_response(rng) if noisy else env.oracle_response()
         ids = tok(text, add_special_tokens=False)["input_ids"] + [chat.eos_id]
         if noisy:
             seq.extend(MultimodalSequence(ids, [0] * len(ids), [0.0] * len(ids), [0] * len(ids)))
@@ -151,6 +152,10 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
     from vlrl.tracking.lineage import collect_lineage
     from vlrl.tracking.tracker import RunTracker
 
+    noise = config.train.sft.noise
+    if noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
+        raise VlrlError(f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
+                        "(a random_response(rng) method); set train.sft.noise=0")
     out_dir = Path(out_dir)
     tracker = RunTracker.from_config(config)
     tracker.start(config, out_dir, collect_lineage(config, out_dir, kind="sft", resumed=False))
@@ -193,7 +198,7 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     rng = random.Random(config.train.seed)
     split = build_split(config.env, "train")
     # SFT reads the END of the training split so that GRPO (which starts at its shuffled
-    # beginning) mostly sees mazes the warm start did not.
+    # beginning) mostly sees tasks the warm start did not.
     tasks = [split[len(split) - 1 - i] for i in range(min(s.episodes, len(split)))]
     batches = TranscriptBatches(config, chat, tasks, pad)
 
