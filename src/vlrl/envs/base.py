@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from vlrl.config import EnvConfig
 
 SPLITS = ("train", "holdout", "adversarial")
-_BUILTIN_MODULES = ("vlrl.envs.maze",)
+_BUILTIN_MODULES = ("vlrl.envs.maze", "vlrl.envs.gui")
 
 
 @dataclass(frozen=True)
