@@ -8,20 +8,16 @@ errors that name the key and the file, with a did-you-mean suggestion for typos.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from vlrl.errors import ConfigError
-
-
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+from vlrl.envs.base import DEFAULT_ENV, default_env_config, env_config, env_config_class
+from vlrl.envs.config import EnvConfigBase
+from vlrl.errors import ConfigError, VlrlError
+from vlrl.sections import Section, closest  # noqa: F401  (Section re-exported for `from vlrl.config import Section`)
 
 
 # --------------------------------------------------------------------------------------------
@@ -54,103 +50,8 @@ class ModelConfig(Section):
 
 
 # --------------------------------------------------------------------------------------------
-# environment
-
-
-class RewardConfig(Section):
-    success: float = Field(1.0, description="Terminal reward when the episode ends on the goal (the reference reward).")
-    progress: float = Field(
-        0.0, ge=0, description="Shaping: reward per cell of BFS distance gained towards the goal (negative when moving away)."
-    )
-    invalid_action: float = Field(0.0, le=0, description="Penalty (<= 0) for a turn whose output has no parseable action.")
-    wall_bump: float = Field(0.0, le=0, description="Penalty (<= 0) for trying to move into a wall.")
-    step_cost: float = Field(0.0, le=0, description="Cost (<= 0) added on every turn, to prefer short paths.")
-
-
-class SplitConfig(Section):
-    seed_start: int = Field(..., ge=0, description="First seed of the split; seed ranges of splits never overlap.")
-    count: int = Field(..., ge=1, description="Number of tasks in the split.")
-    sizes: list[int] | None = Field(None, description="Maze sizes of this split (default: env.sizes).")
-
-
-class AdversarialConfig(Section):
-    themes: list[str] = Field(
-        default_factory=lambda: ["dark", "pastel", "noise"], description="Colour themes used by the adversarial split."
-    )
-    transforms: list[Literal["mirror", "rotate90", "rotate180", "rotate270"]] = Field(
-        default_factory=lambda: ["mirror", "rotate90", "rotate180", "rotate270"],
-        description="Geometric transforms of the maze (the action meanings stay those of the image).",
-    )
-    extra_sizes: list[int] = Field(default_factory=list, description="Sizes larger than trained on, added to the split.")
-
-
-class EnvConfig(Section):
-    name: str = Field(
-        "maze",
-        description="Registered environment: `maze` (multi-turn, one action per turn), `maze_plan` (single turn, whole path), or your own (`vlrl.envs.register_env`).",
-    )
-    sizes: list[int] = Field(default_factory=lambda: [5], description="Maze sizes N (NxN cells) sampled for training.")
-    layout: Literal["cells", "blocks"] = Field(
-        "cells",
-        description=(
-            "Maze drawing and movement. `cells`: N x N cells with thin wall lines on cell borders. "
-            "`blocks`: the reference layout (SkyRL VisGym maze): N x N square blocks where walls are whole gray "
-            "blocks, the (N-1)/2 x (N-1)/2 rooms sit at odd coordinates and a move goes one block "
-            "(9 -> 4x4 rooms, 11 -> 5x5); every size (env, split and adversarial extra sizes) must then be odd "
-            "and >= 5, and cell_px is pixels per block."
-        ),
-    )
-    cell_px: int = Field(25, ge=4, le=128, description="Pixels per cell; 25 reproduces the reference (9x9 -> 225 px).")
-    placement: Literal["corners", "random"] = Field(
-        "corners", description="Start and goal at opposite corners (reference) or random cells."
-    )
-    min_distance: int = Field(2, ge=1, description="With random placement: minimum BFS distance from start to goal.")
-    max_turns: int = Field(18, ge=1, le=256, description="Episode length limit in model turns (reference: 18).")
-    stop_required: bool = Field(
-        True, description="The episode succeeds only when the agent says `stop` on the goal (reference); False ends it on arrival."
-    )
-    rewards: RewardConfig = Field(default_factory=RewardConfig, description="Reward terms.")
-    train: SplitConfig = Field(default_factory=lambda: SplitConfig(seed_start=0, count=100_000), description="Training tasks.")
-    holdout: SplitConfig = Field(
-        default_factory=lambda: SplitConfig(seed_start=10_000_000, count=200), description="Held-out evaluation tasks."
-    )
-    adversarial: SplitConfig = Field(
-        default_factory=lambda: SplitConfig(seed_start=20_000_000, count=200), description="Adversarial evaluation tasks."
-    )
-    adversarial_variants: AdversarialConfig = Field(
-        default_factory=AdversarialConfig, description="How adversarial tasks differ from training ones."
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> "EnvConfig":
-        from vlrl.envs.base import registered_envs  # late: the registry imports env modules
-
-        known = registered_envs()
-        if self.name not in known:
-            close = difflib.get_close_matches(self.name, known, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
-            raise ValueError(f"unknown environment '{self.name}'; {hint}")
-        for n in self.sizes:
-            if not 3 <= n <= 64:
-                raise ValueError(f"maze size {n} is out of range: sizes must be between 3 and 64")
-        if self.layout == "blocks":
-            where = {"sizes": self.sizes, "adversarial_variants.extra_sizes": self.adversarial_variants.extra_sizes}
-            where.update({f"{s}.sizes": getattr(self, s).sizes or [] for s in ("train", "holdout", "adversarial")})
-            for key, sizes in where.items():
-                bad = [n for n in sizes if n < 5 or n % 2 == 0]
-                if bad:
-                    raise ValueError(
-                        f"layout 'blocks' needs odd maze sizes >= 5 (N x N blocks around (N-1)/2 x (N-1)/2 rooms), "
-                        f"but env.{key} has {bad[0]}; use e.g. 9 or 11, or layout 'cells'"
-                    )
-        ranges = {s: (getattr(self, s).seed_start, getattr(self, s).seed_start + getattr(self, s).count) for s in ("train", "holdout", "adversarial")}
-        names = list(ranges)
-        for i, a in enumerate(names):
-            for b in names[i + 1 :]:
-                (a0, a1), (b0, b1) = ranges[a], ranges[b]
-                if a0 < b1 and b0 < a1:
-                    raise ValueError(f"seed ranges of splits {a} [{a0},{a1}) and {b} [{b0},{b1}) overlap")
-        return self
+# environment: each env declares its own config class (`vlrl.envs.config.EnvConfigBase`), which
+# validates `RunConfig.env` when `env.name` selects it; this module knows none of their fields.
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,7 +433,10 @@ class RunConfig(Section):
     """A whole run. Each section is documented field by field."""
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Base model and LoRA.")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="Environment and its splits.")
+    env: SerializeAsAny[EnvConfigBase] = Field(
+        default_factory=default_env_config,
+        description="Environment and its splits; `env.name` selects the registered env whose config class validates the section.",
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine and sampling.")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="GRPO and its variants.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Optimisation, evaluation and checkpoints.")
@@ -541,6 +445,11 @@ class RunConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow and metrics.")
     serving: ServingConfig = Field(default_factory=ServingConfig, description="Adapter serving.")
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="Adapter registry and its promotion gate.")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_by_name(cls, value: Any) -> Any:
+        return env_config(value)
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":
@@ -558,28 +467,43 @@ class RunConfig(Section):
 # loading
 
 
-def _section_at(path: tuple[str, ...]) -> type[BaseModel] | None:
+def _section_class(ann: Any, data: Any) -> type[BaseModel] | None:
+    """The model class a field of annotation `ann` validates `data` with; None for a leaf.
+
+    The env section is validated by the config class of the env its data names."""
+    if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        return None
+    if ann is EnvConfigBase:
+        name = data.get("name", DEFAULT_ENV) if isinstance(data, dict) else DEFAULT_ENV
+        try:
+            return env_config_class(str(name))
+        except VlrlError:
+            return ann
+    return ann
+
+
+def _section_at(path: tuple[str, ...], data: Any) -> type[BaseModel] | None:
     """The pydantic model class at a dotted path of RunConfig, or None past a leaf."""
-    cls: type[BaseModel] = RunConfig
+    cls: type[BaseModel] | None = RunConfig
     for part in path:
         field = cls.model_fields.get(part)
         if field is None:
             return None
-        ann = field.annotation
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+        data = data.get(part) if isinstance(data, dict) else None
+        cls = _section_class(field.annotation, data)
+        if cls is None:
             return None
-        cls = ann
     return cls
 
 
-def _explain(err: dict[str, Any], source: str) -> str:
+def _explain(err: dict[str, Any], source: str, data: dict[str, Any]) -> str:
     loc = tuple(str(p) for p in err["loc"])
     key = ".".join(loc) or "(top level)"
     if err["type"] == "extra_forbidden":
-        section = _section_at(loc[:-1])
+        section = _section_at(loc[:-1], data)
         known = list(section.model_fields) if section else []
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        hint = f"; did you mean '{'.'.join(loc[:-1] + (close[0],))}'?" if close else (f"; known keys: {', '.join(known)}" if known else "")
+        close = closest(loc[-1], known)
+        hint = f"; did you mean '{'.'.join(loc[:-1] + (close,))}'?" if close else (f"; known keys: {', '.join(known)}" if known else "")
         return f"{source}: unknown key '{key}'{hint}"
     msg = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
@@ -622,6 +546,18 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """The default RunConfig as a dict, its env section that of the env `data` names."""
+    defaults = RunConfig().model_dump()
+    env = data.get("env")
+    name = env.get("name", DEFAULT_ENV) if isinstance(env, dict) else DEFAULT_ENV
+    try:
+        defaults["env"] = env_config_class(str(name))().model_dump()
+    except VlrlError:  # an unknown name: validation reports it with a did-you-mean
+        defaults["env"] = {}
+    return defaults
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a RunConfig from YAML (or defaults when path is None) and apply dotted overrides."""
     data: dict[str, Any] = {}
@@ -649,11 +585,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         source += " (with overrides)"
     if isinstance(data.get("algo"), dict):
         data["algo"] = apply_algo_preset(data["algo"])
+    merged = _deep_merge(_defaults(data), data)
     try:
-        return RunConfig.model_validate(_deep_merge(RunConfig().model_dump(), data))
+        return RunConfig.model_validate(merged)
     except ValidationError as exc:
         errors = exc.errors()
-        first = _explain(errors[0], source)
+        first = _explain(errors[0], source, merged)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(first + more) from None
 
@@ -663,14 +600,19 @@ def config_to_yaml(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
-def describe_fields(cls: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) for every leaf field, for `vlrl config show --doc`."""
+def describe_fields(
+    cls: type[BaseModel] = RunConfig, prefix: str = "", env: str = DEFAULT_ENV
+) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) for every leaf field, for `vlrl config show --doc`.
+
+    The `env.*` rows are the fields of the config class of the env named `env`."""
     rows: list[tuple[str, str, str, str]] = []
     for name, field in cls.model_fields.items():
         ann = field.annotation
         key = f"{prefix}{name}"
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows.extend(describe_fields(ann, key + "."))
+        section = _section_class(ann, {"name": env})
+        if section is not None:
+            rows.extend(describe_fields(section, key + ".", env))
             continue
         default = field.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlrl.config import EnvConfig
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.base import build_split, make_env
 from vlrl.models.loading import load_policy_model, vision_special_token_ids
 from vlrl.models.lora import apply_lora
@@ -30,7 +30,7 @@ def parts(ci_model_dir):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    env_config = EnvConfig(name="maze", sizes=[3], cell_px=16)
+    env_config = MazeEnvConfig(name="maze", sizes=[3], cell_px=16)
     split = build_split(env_config, "train")
     prompts = []
     for i in range(3):

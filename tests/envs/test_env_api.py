@@ -8,7 +8,7 @@ import io
 import pytest
 from PIL import Image
 
-from vlrl.config import EnvConfig
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs import Observation, Task, build_split, make_env, registered_envs, split_version, step_all
 from vlrl.errors import VlrlError
 
@@ -57,17 +57,17 @@ def test_observation_content_formats():
 def test_registry_and_dispatch():
     assert {"maze", "maze_plan"} <= set(registered_envs())
     for name in ("maze", "maze_plan"):
-        cfg = EnvConfig(name=name)
+        cfg = MazeEnvConfig(name=name)
         env = make_env(cfg)
         assert env.name == name and env.system_prompt
         assert len(build_split(cfg, "holdout")) == cfg.holdout.count
         assert len(split_version(cfg, "train")) == 12
     with pytest.raises(VlrlError, match="unknown split"):
-        build_split(EnvConfig(), "test")
+        build_split(MazeEnvConfig(), "test")
 
 
 def test_step_all_steps_each_env():
-    cfg = EnvConfig()
+    cfg = MazeEnvConfig()
     tasks = build_split(cfg, "holdout")[:3]
     envs = [make_env(cfg) for _ in tasks]
     for env, task in zip(envs, tasks):

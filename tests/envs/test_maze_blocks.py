@@ -14,7 +14,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from vlrl.cli.env_cmd import app
-from vlrl.config import EnvConfig, load_config
+from vlrl.config import load_config
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs import build_split, make_env, overlapping_tasks, replay_trace, split_version
 from vlrl.envs.maze.env import WALL_FEEDBACK
 from vlrl.envs.maze.maze import MOVES, TRANSFORMS, Maze, check_perfect, generate_maze
@@ -237,7 +238,7 @@ def test_block_generation_is_deterministic_and_pinned():
 
 
 def test_block_episode_moves_bumps_trace_and_replay():
-    config = EnvConfig(layout="blocks", sizes=[9])
+    config = MazeEnvConfig(layout="blocks", sizes=[9])
     env = make_env(config)
     task = adhoc_task(9, 5, layout="blocks")
     obs = env.reset(task)
@@ -255,13 +256,13 @@ def test_block_episode_moves_bumps_trace_and_replay():
     forged = copy.deepcopy(trace)
     forged["turns"][0]["feedback"] = "Moved up."
     assert not replay_trace(forged)["matches"]
-    plan = make_env(EnvConfig(name="maze_plan", layout="blocks", sizes=[9]))
+    plan = make_env(MazeEnvConfig(name="maze_plan", layout="blocks", sizes=[9]))
     plan.reset(adhoc_task(9, 5, env="maze_plan", layout="blocks"))
     assert plan.step(plan.oracle_response()).info["success"]
 
 
 def test_block_splits_are_disjoint_versioned_and_adversarial_variants_work():
-    cfg = EnvConfig(
+    cfg = MazeEnvConfig(
         layout="blocks", sizes=[7, 9], train={"seed_start": 0, "count": 200}, holdout={"seed_start": 1000, "count": 40},
         adversarial={"seed_start": 2000, "count": 32}, adversarial_variants={"extra_sizes": [11]},
     )

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlrl.config import EnvConfig, RewardConfig
+from vlrl.envs.maze.config import MazeEnvConfig, RewardConfig
 from vlrl.envs import make_env, replay_trace
 from vlrl.envs.maze.env import (
     INSTRUCTION,
@@ -29,7 +29,7 @@ from vlrl.errors import VlrlError
 
 
 def _env(name="maze", **kw):
-    config = EnvConfig(name=name, **kw)
+    config = MazeEnvConfig(name=name, **kw)
     env = make_env(config)
     return env
 
@@ -191,7 +191,7 @@ reward_configs = st.builds(
        plan=st.booleans())
 def test_oracle_play_scores_the_maximum(size, seed, rewards, stop_required, plan):
     name = "maze_plan" if plan else "maze"
-    env = make_env(EnvConfig(name=name, max_turns=256, stop_required=stop_required, rewards=rewards))
+    env = make_env(MazeEnvConfig(name=name, max_turns=256, stop_required=stop_required, rewards=rewards))
     env.reset(adhoc_task(size, seed, env=name))
     d = env.dist[env.maze.start[0]][env.maze.start[1]]
     done = False

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlrl.config import EnvConfig, load_config
+from vlrl.config import load_config
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs import Task, build_split, make_env, overlapping_tasks, split_version
 from vlrl.envs.maze.maze import check_perfect
 from vlrl.envs.maze.render import render
@@ -18,7 +19,7 @@ from vlrl.envs.maze.splits import (
 from vlrl.errors import VlrlError
 
 
-def small_config(**kw) -> EnvConfig:
+def small_config(**kw) -> MazeEnvConfig:
     base = dict(
         sizes=[3, 5],
         train={"seed_start": 0, "count": 300},
@@ -26,7 +27,7 @@ def small_config(**kw) -> EnvConfig:
         adversarial={"seed_start": 2000, "count": 48},
     )
     base.update(kw)
-    return EnvConfig(**base)
+    return MazeEnvConfig(**base)
 
 
 def test_splits_are_deterministic_and_versioned():
@@ -97,7 +98,7 @@ def test_mirrored_or_rotated_layouts_stay_in_their_split():
 
 
 def test_too_small_block_size_cannot_be_held_out():
-    cfg = EnvConfig(layout="blocks", sizes=[5], holdout={"seed_start": 10**7, "count": 4})
+    cfg = MazeEnvConfig(layout="blocks", sizes=[5], holdout={"seed_start": 10**7, "count": 4})
     assert {layout_split(maze_for_task(t)) for t in build_split(cfg, "train")[:20]} == {"train"}
     with pytest.raises(VlrlError, match="too few wall layouts to hold any out"):
         build_split(cfg, "holdout")[0]
@@ -107,7 +108,7 @@ def test_too_small_block_size_cannot_be_held_out():
 @given(train_start=st.integers(0, 10**6), count=st.integers(1, 40), size=st.integers(3, 6))
 def test_disjoint_for_any_seeds_and_sizes(train_start, count, size):
     # 3x3 mazes have few distinct layouts, so overlaps would show up if the rule were broken.
-    cfg = EnvConfig(
+    cfg = MazeEnvConfig(
         sizes=[size], train={"seed_start": train_start, "count": count},
         holdout={"seed_start": 2 * 10**6, "count": count}, adversarial={"seed_start": 3 * 10**6, "count": count},
     )
@@ -128,7 +129,7 @@ def test_overlapping_tasks_catches_a_planted_overlap():
 
 
 def test_train_split_is_lazy_and_indexable():
-    cfg = EnvConfig()  # 100k train tasks
+    cfg = MazeEnvConfig()  # 100k train tasks
     split = build_split(cfg, "train")
     assert isinstance(split, Split) and len(split) == 100_000
     last = split[-1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from vlrl.config import EnvConfig
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.base import StepResult, register_env
 from vlrl.envs.maze.env import MazeEnv, parse_action
 from vlrl.training.trainer import GRPOTrainer
@@ -171,4 +171,4 @@ def test_bad_input_is_one_clear_line(ci_config, tmp_path):
     assert r.exit_code != 0 and "does not exist" in str(r.exception)
     r = runner.invoke(app, ["train", "configs/ci-tiny.yaml", "--init-adapter", str(tmp_path / "missing")])
     assert r.exit_code != 0 and "is not a directory" in str(r.exception)
-    assert isinstance(EnvConfig().name, str)
+    assert isinstance(MazeEnvConfig().name, str)

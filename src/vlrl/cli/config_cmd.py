@@ -11,6 +11,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from vlrl.config import config_to_yaml, describe_fields, load_config
+from vlrl.envs.base import DEFAULT_ENV, env_config_class
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
@@ -21,14 +22,21 @@ def show(
     config: Optional[Path] = typer.Argument(None, help="YAML config file (omit for the defaults)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=8."),
     doc: bool = typer.Option(False, "--doc", help="Print every field with its type, default and meaning instead."),
+    env: Optional[str] = typer.Option(
+        None, "--env", help="With --doc: list the env.* fields of this registered env (default: the config's env, else the default env)."
+    ),
 ) -> None:
     """Print the fully resolved config (file + overrides + defaults).
 
     Example: vlrl config show configs/demo-cpu.yaml algo.group_size=4
+    Example: vlrl config show --doc --env maze_plan
     """
     if doc:
+        if env is None:
+            env = load_config(config, overrides or []).env.name if config else DEFAULT_ENV
+        env_config_class(env)  # an unknown name is one error line with a did-you-mean
         table = Table("key", "type", "default", "meaning", show_lines=False)
-        for row in describe_fields():
+        for row in describe_fields(env=env):
             table.add_row(*row)
         console.print(table)
         return

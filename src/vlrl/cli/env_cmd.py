@@ -22,8 +22,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from vlrl.config import EnvConfig, load_config
+from vlrl.config import load_config
 from vlrl.envs.base import build_split, make_env, split_version
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import LAYOUTS, PLACEMENTS, TRANSFORMS
 from vlrl.envs.maze.oracle import distances_to
 from vlrl.envs.maze.render import THEMES, ascii_maze, render
@@ -98,7 +99,7 @@ def play(
     name = "maze_plan" if plan else "maze"
     _check_choice("layout", layout, LAYOUTS)
     try:
-        config = EnvConfig(name=name, sizes=[size], layout=layout, max_turns=max_turns, stop_required=stop_required)
+        config = MazeEnvConfig(name=name, sizes=[size], layout=layout, max_turns=max_turns, stop_required=stop_required)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(part) for part in err["loc"])

@@ -8,32 +8,38 @@ An episode is driven like this (see `vlrl.rollout.episodes`)::
     result = env.step(model_text)              # reward for this turn, next observation
     ...until result.done; then env.episode_metrics() and env.trace()
 
-An env class is registered with `@register_env("name")`. It is built as `cls(config)` from an
-`EnvConfig` and, besides the `Env` protocol below, provides three classmethods used here:
-`build_split(config, split)`, `split_version(config, split)` and `content_hash(task)`, plus
-`replay_trace(trace)` which re-checks a recorded episode. Built-in envs (the maze) register
-themselves when `vlrl.envs.maze` is imported; `make_env` imports it on first use.
+An env class is registered with its config class, `@register_env("name", config=MyEnvConfig)`
+(a subclass of `vlrl.envs.config.EnvConfigBase`; `RunConfig.env` is validated by the class
+registered under `env.name`). It is built as `cls(config)` and, besides the `Env` protocol below,
+provides classmethods used here: `build_split(config, split)`, `split_version(config, split)`,
+`content_hash(task)`, `replay_trace(trace)` which re-checks a recorded episode, and
+`task_group(task)`, the row label of per-group evaluation tables (the maze: "9x9"), whose column
+is titled by the class attribute `task_group_label` (the maze: "size"). Built-in envs register
+themselves when their package (listed in `_BUILTIN_MODULES`) is imported; third-party packages
+register through the `vlrl.envs` entry-point group. `make_env` loads both on first use.
 """
 
 from __future__ import annotations
 
 import base64
 import importlib
+import importlib.metadata
 import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from PIL import Image
+from pydantic import ValidationError
 
+from vlrl.envs.config import SPLITS, EnvConfigBase
 from vlrl.errors import VlrlError
+from vlrl.sections import did_you_mean
 
-if TYPE_CHECKING:
-    from vlrl.config import EnvConfig
-
-SPLITS = ("train", "holdout", "adversarial")
 _BUILTIN_MODULES = ("vlrl.envs.maze", "vlrl.envs.gui")
+DEFAULT_ENV = "maze"  # the env of a config that names none
+ENTRY_POINT_GROUP = "vlrl.envs"  # third-party env packages: `[project.entry-points."vlrl.envs"]`
 
 
 @dataclass(frozen=True)
@@ -150,18 +156,39 @@ class Env(Protocol):
         """The response an optimal player would give now, e.g. `<action>right</action>`."""
         ...
 
+    @classmethod
+    def task_group(cls, task: Task) -> str:
+        """The group of `task` in per-group evaluation tables, e.g. "9x9" (maze size) or "level 1"."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------
 # registry
 
 _REGISTRY: dict[str, type] = {}
+_loaded = False
 
 
-def register_env(name: str):
-    """Class decorator: make an env class available to `make_env` under `name`."""
+def register_env(name: str, *, config: type[EnvConfigBase] | None = None):
+    """Class decorator: make an env class available to `make_env` under `name`.
+
+    `config` is the env's config class, which validates `RunConfig.env` when `env.name` is
+    `name`; a subclass of a registered env may leave it out and inherits its parent's.
+    """
 
     def decorate(cls: type) -> type:
+        config_class = config or getattr(cls, "config_class", None)
+        if config_class is None or not issubclass(config_class, EnvConfigBase):
+            raise VlrlError(f"env '{name}': register_env needs config=<a subclass of vlrl.envs.config.EnvConfigBase>")
+        try:
+            config_class.model_validate({"name": name})
+        except ValidationError as exc:
+            raise VlrlError(
+                f"env '{name}': its config class {config_class.__name__} must build from defaults with name '{name}' "
+                f"({str(exc).splitlines()[-1].strip()})"
+            ) from None
         cls.name = name
+        cls.config_class = config_class
         _REGISTRY[name] = cls
         return cls
 
@@ -169,8 +196,18 @@ def register_env(name: str):
 
 
 def _load_builtins() -> None:
+    """Import the built-in env packages and the `vlrl.envs` entry points (once)."""
+    global _loaded
     for module in _BUILTIN_MODULES:
         importlib.import_module(module)
+    if _loaded:
+        return
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as exc:  # a broken plug-in is named, not a traceback from deep inside it
+            raise VlrlError(f"env plug-in '{entry.name}' ({entry.value}) failed to load: {exc}") from None
+    _loaded = True
 
 
 def env_class(name: str) -> type:
@@ -178,7 +215,7 @@ def env_class(name: str) -> type:
     if name not in _REGISTRY:
         _load_builtins()
     if name not in _REGISTRY:
-        raise VlrlError(f"unknown environment '{name}'; known: {', '.join(sorted(_REGISTRY))}")
+        raise VlrlError(f"unknown environment '{name}'; {did_you_mean(name, sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
 
@@ -188,7 +225,39 @@ def registered_envs() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_env(config: EnvConfig) -> Env:
+def env_config_class(name: str) -> type[EnvConfigBase]:
+    """The config class of the env registered under `name`."""
+    return env_class(name).config_class
+
+
+def env_config(data: Any) -> EnvConfigBase:
+    """Validate an `env:` section by the config class of its `name` (DEFAULT_ENV when it has none).
+
+    Errors are pydantic ValidationErrors located in the section (`name`, or the env's own keys),
+    so `RunConfig` reports them as `env.KEY` with a did-you-mean over that env's fields.
+    """
+    if isinstance(data, EnvConfigBase):
+        return data
+    if not isinstance(data, dict):
+        return data  # pydantic reports the wrong type against EnvConfigBase
+    name = data.get("name", DEFAULT_ENV)
+    known = registered_envs()
+    if name not in known:
+        hint = did_you_mean(str(name), known)
+        raise ValidationError.from_exception_data(
+            "env",
+            [{"type": "value_error", "loc": ("name",), "input": name,
+              "ctx": {"error": ValueError(f"unknown environment '{name}'; {hint}")}}],
+        )
+    return _REGISTRY[name].config_class.model_validate({**data, "name": name})
+
+
+def default_env_config() -> EnvConfigBase:
+    """The config of DEFAULT_ENV with all its defaults."""
+    return env_config_class(DEFAULT_ENV)()
+
+
+def make_env(config: EnvConfigBase) -> Env:
     """A fresh environment of kind `config.name`."""
     return env_class(config.name)(config)
 
@@ -198,13 +267,13 @@ def _check_split(split: str) -> None:
         raise VlrlError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
 
 
-def build_split(config: EnvConfig, split: str) -> Sequence[Task]:
+def build_split(config: EnvConfigBase, split: str) -> Sequence[Task]:
     """The deterministic task list of a split (a lazy sequence for large splits)."""
     _check_split(split)
     return env_class(config.name).build_split(config, split)
 
 
-def split_version(config: EnvConfig, split: str) -> str:
+def split_version(config: EnvConfigBase, split: str) -> str:
     """Short hash over the generator version and the split's parameters."""
     _check_split(split)
     return env_class(config.name).split_version(config, split)
@@ -221,6 +290,16 @@ def overlapping_tasks(a: Sequence[Task], b: Sequence[Task]) -> list[tuple[Task, 
     for task in b:
         by_hash.setdefault(task_content_hash(task), []).append(task)
     return [(ta, tb) for ta in a for tb in by_hash.get(task_content_hash(ta), [])]
+
+
+def task_group(task: Task) -> str:
+    """The evaluation-table group of `task` (the env's `task_group`, e.g. "9x9")."""
+    return str(env_class(task.env).task_group(task))
+
+
+def task_group_label(env_name: str) -> str:
+    """What the env's task groups are, as a table column title ("size" for the maze)."""
+    return getattr(env_class(env_name), "task_group_label", "group")
 
 
 def replay_trace(trace: dict[str, Any]) -> dict[str, Any]:

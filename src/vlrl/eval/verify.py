@@ -37,15 +37,13 @@ class VerifyReport:
 
 
 def _train_overlap(traces: list[dict[str, Any]]) -> list[str]:
-    from vlrl.config import EnvConfig
-
     tasks = [Task.from_json(t["task"]) for t in traces if t.get("task", {}).get("split") != "train"]
     if not tasks:
         return []
     cls = env_class(tasks[0].env)
     if not hasattr(cls, "train_overlap"):
         return []  # listing a whole training split needs its config; the protocol checked it before evaluating
-    return [t.task_id for t in cls.train_overlap(EnvConfig(name=tasks[0].env), tasks)]
+    return [t.task_id for t in cls.train_overlap(cls.config_class(name=tasks[0].env), tasks)]
 
 
 def verify_traces(traces_file: str | Path) -> VerifyReport:

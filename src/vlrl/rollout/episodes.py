@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlrl.config import EnvConfig
 from vlrl.envs.base import Env, Observation, Task, make_env
+from vlrl.envs.config import EnvConfigBase
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence
 
@@ -69,7 +69,7 @@ class RolloutStats:
 def run_episodes(
     engine: RolloutEngine,
     chat: ChatFormat,
-    env_config: EnvConfig,
+    env_config: EnvConfigBase,
     tasks: list[Task],
     group_size: int,
     params: SamplingParams,

@@ -34,7 +34,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vlrl.config import EnvConfig, RunConfig
+from vlrl.config import RunConfig
+from vlrl.envs.config import EnvConfigBase
 from vlrl.errors import VlrlError
 
 LINEAGE_FORMAT = "vlrl.lineage/1"
@@ -263,7 +264,7 @@ def _generator_version(env_name: str) -> str | None:
     return version
 
 
-def data_lineage(env: EnvConfig) -> dict[str, Any]:
+def data_lineage(env: EnvConfigBase) -> dict[str, Any]:
     """Env name, generator version and every split's seed range, count, sizes and split_version."""
     from vlrl.envs.base import SPLITS, env_class, split_version
 
@@ -286,7 +287,7 @@ def data_lineage(env: EnvConfig) -> dict[str, Any]:
     return data
 
 
-def reward_lineage(env: EnvConfig) -> dict[str, Any]:
+def reward_lineage(env: EnvConfigBase) -> dict[str, Any]:
     """The reward configuration and its version hash.
 
     Besides env.rewards, success (and so the terminal reward) depends on the env's rules:

@@ -6,9 +6,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from vlrl.config import Section
+from vlrl.envs.config import EnvConfigBase
 from vlrl.envs.gui.generate import LEVELS, MIN_SIZE
 from vlrl.envs.gui.render import THEMES
+from vlrl.sections import Section
 
 MAX_SIDE = 448  # 28 x 28 image tokens at 16 px each; the tiny models' processor downscales above 224 x 224
 MAX_DISTRACTORS = 10
@@ -31,11 +32,6 @@ class GuiRewardConfig(Section):
     )
     misclick: float = Field(0.0, le=0, description="Penalty (<= 0) for a click inside the screen that hits no widget.")
     step_cost: float = Field(0.0, le=0, description="Cost (<= 0) added on every turn, to prefer short action sequences.")
-
-
-class GuiSplitConfig(Section):
-    seed_start: int = Field(..., ge=0, description="First seed of the split; seed ranges of splits never overlap.")
-    count: int = Field(..., ge=1, description="Number of tasks in the split.")
 
 
 class GuiAdversarialConfig(Section):
@@ -63,7 +59,7 @@ class GuiAdversarialConfig(Section):
         return [_check_side(s, "adversarial_variants.sizes") for s in sizes]
 
 
-class GuiEnvConfig(Section):
+class GuiEnvConfig(EnvConfigBase):
     name: Literal["gui"] = Field("gui", description="The GUI env: procedurally generated app screens, controlled by clicks and typing.")
     levels: list[int] = Field(
         default_factory=lambda: [1],
@@ -80,13 +76,6 @@ class GuiEnvConfig(Section):
         True, description="The episode succeeds only when the model answers `stop` with the goal holding; False ends it as soon as the goal holds."
     )
     rewards: GuiRewardConfig = Field(default_factory=GuiRewardConfig, description="Reward terms (src/vlrl/envs/gui/rewards.py).")
-    train: GuiSplitConfig = Field(default_factory=lambda: GuiSplitConfig(seed_start=0, count=100_000), description="Training tasks.")
-    holdout: GuiSplitConfig = Field(
-        default_factory=lambda: GuiSplitConfig(seed_start=10_000_000, count=200), description="Held-out evaluation tasks (layouts training never shows)."
-    )
-    adversarial: GuiSplitConfig = Field(
-        default_factory=lambda: GuiSplitConfig(seed_start=20_000_000, count=200), description="Adversarial evaluation tasks (held-out layouts with variants)."
-    )
     adversarial_variants: GuiAdversarialConfig = Field(
         default_factory=GuiAdversarialConfig, description="How adversarial tasks differ from training ones: themes, resolutions, more distractors, moved widgets."
     )
@@ -124,11 +113,4 @@ class GuiEnvConfig(Section):
                 w_min, h_min = MIN_SIZE[level]
                 if w < w_min or h < h_min:
                     raise ValueError(f"a {w}x{h} screen is too small for level {level} (needs at least {w_min}x{h_min})")
-        ranges = {s: (getattr(self, s).seed_start, getattr(self, s).seed_start + getattr(self, s).count) for s in ("train", "holdout", "adversarial")}
-        names = list(ranges)
-        for i, a in enumerate(names):
-            for b in names[i + 1 :]:
-                (a0, a1), (b0, b1) = ranges[a], ranges[b]
-                if a0 < b1 and b0 < a1:
-                    raise ValueError(f"seed ranges of splits {a} [{a0},{a1}) and {b} [{b0},{b1}) overlap")
         return self

@@ -27,6 +27,7 @@ from vlrl.envs.base import Observation, StepResult, Task, register_env
 from vlrl.envs.gui.actions import format_action, parse_action
 from vlrl.envs.gui.app import App, AppState, Widget, click, goal_holds, instruction, subgoal_potential, type_text
 from vlrl.envs.gui.config import GuiEnvConfig
+from vlrl.envs.gui.generate import GENERATOR_VERSION
 from vlrl.envs.gui.oracle import optimal_turns, plan
 from vlrl.envs.gui.render import render
 from vlrl.envs.gui.rewards import turn_reward
@@ -84,11 +85,13 @@ def _effect_feedback(app: App, state: AppState, widget: Widget, effect: str) -> 
     return LABELLED_PRESS_FEEDBACK.format(label=label) if label else PRESS_FEEDBACK
 
 
-@register_env("gui")
+@register_env("gui", config=GuiEnvConfig)
 class GuiEnv:
     """Multi-turn GUI control: one action per turn, a new screenshot each turn."""
 
     system_prompt = SYSTEM_PROMPT
+    task_group_label = "level"  # evaluation tables have one row per level
+    generator_version = GENERATOR_VERSION  # recorded in the run's data lineage
 
     def __init__(self, config: GuiEnvConfig, *, render_images: bool = True):
         self.config = config

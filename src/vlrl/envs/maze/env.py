@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vlrl.config import EnvConfig, RewardConfig
+from vlrl.envs.maze.config import MazeEnvConfig, RewardConfig
 from vlrl.envs.base import Observation, StepResult, Task, register_env
 from vlrl.envs.maze.maze import MOVES, Maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
@@ -101,8 +101,10 @@ class _MazeEpisode:
 
     name = "maze"
     system_prompt = SYSTEM_PROMPT
+    config_class = MazeEnvConfig
+    task_group_label = "size"  # evaluation tables have one row per maze size
 
-    def __init__(self, config: EnvConfig, *, render_images: bool = True):
+    def __init__(self, config: MazeEnvConfig, *, render_images: bool = True):
         self.config = config
         self.render_images = render_images
         self.task: Task | None = None
@@ -110,11 +112,11 @@ class _MazeEpisode:
 
     # -- split hooks used by vlrl.envs.base ---------------------------------------------------
     @classmethod
-    def build_split(cls, config: EnvConfig, split: str):
+    def build_split(cls, config: MazeEnvConfig, split: str):
         return build_maze_split(config, split)
 
     @classmethod
-    def split_version(cls, config: EnvConfig, split: str) -> str:
+    def split_version(cls, config: MazeEnvConfig, split: str) -> str:
         return maze_split_version(config, split)
 
     @classmethod
@@ -122,7 +124,13 @@ class _MazeEpisode:
         return maze_content_hash(task)
 
     @classmethod
-    def train_overlap(cls, config: EnvConfig, tasks: list[Task]) -> list[Task]:
+    def task_group(cls, task: Task) -> str:
+        """The maze size, e.g. "9x9": evaluation tables report success per size."""
+        size = task.params.get("size")
+        return f"{size}x{size}" if size is not None else "?"
+
+    @classmethod
+    def train_overlap(cls, config: MazeEnvConfig, tasks: list[Task]) -> list[Task]:
         return train_overlap(tasks)
 
     # -- episode ------------------------------------------------------------------------------
@@ -217,7 +225,7 @@ class _MazeEpisode:
             raise VlrlError(f"trace format is {trace['format']!r}; this version reads {TRACE_FORMAT!r}")
         settings = trace["settings"]
         try:
-            config = EnvConfig(
+            config = cls.config_class(
                 name=cls.name, max_turns=settings["max_turns"], stop_required=settings["stop_required"],
                 rewards=RewardConfig(**settings["rewards"]),
             )
@@ -250,7 +258,7 @@ class _MazeEpisode:
         }
 
 
-@register_env("maze")
+@register_env("maze", config=MazeEnvConfig)
 class MazeEnv(_MazeEpisode):
     """Multi-turn maze: one action per turn, a re-rendered image each turn."""
 
@@ -309,7 +317,7 @@ class MazeEnv(_MazeEpisode):
         return f"<action>{next_action(self.maze, self.pos)}</action>"
 
 
-@register_env("maze_plan")
+@register_env("maze_plan", config=MazeEnvConfig)
 class MazePlanEnv(_MazeEpisode):
     """Single-turn maze: the model answers the whole path at once."""
 

@@ -20,7 +20,7 @@ turns), i.e. whenever solving beats stopping at once (true for all non-absurd se
 
 from __future__ import annotations
 
-from vlrl.config import RewardConfig
+from vlrl.envs.maze.config import RewardConfig
 
 
 def turn_reward(

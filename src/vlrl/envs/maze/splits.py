@@ -20,7 +20,7 @@ transforms (mirror, rotations) keep the layout key, so an adversarial maze stays
 `train_overlap` re-checks any task list by layout without listing the training split.
 
 Task `index` of a split has seed `seed_start + index`, so seeds stay inside the split's range
-(which `EnvConfig` checks are disjoint). The maze of a task is generated from (size, seed,
+(which the env config checks are disjoint). The maze of a task is generated from (size, seed,
 attempt); attempt 0, 1, 2, ... are tried until the maze's layout belongs to the split (about 1.1
 tries for train, 16 for holdout/adversarial) and the attempt is stored in the task's params, so
 resetting a task never searches again. Holdout and adversarial tasks are also distinct: an
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, overload
 
-from vlrl.config import EnvConfig
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.base import Task, env_class, overlapping_tasks  # noqa: F401  (re-exported: content-hash overlap check)
 from vlrl.envs.maze.maze import (
     E, GENERATOR_VERSION, MAX_SIZE, MIN_SIZE, OPPOSITE, S, Maze, _corner_span, _distances_flat, canonical_walls_hash,
@@ -169,7 +169,7 @@ def split_capacity(layout: str, size: int, split: str, placement: str, min_dista
     return sum(distinct_placements(Maze(size, m, (0, 0), (0, 0), layout=layout), placement, min_distance) for m in layouts)
 
 
-def _split_sizes(config: EnvConfig, split: str) -> list[int]:
+def _split_sizes(config: MazeEnvConfig, split: str) -> list[int]:
     sizes = list(getattr(config, split).sizes or config.sizes)
     if split == "adversarial":
         sizes += [n for n in config.adversarial_variants.extra_sizes if n not in sizes]
@@ -185,7 +185,7 @@ def _split_sizes(config: EnvConfig, split: str) -> list[int]:
     return sizes
 
 
-def _adversarial_variants(config: EnvConfig) -> list[dict[str, str]]:
+def _adversarial_variants(config: MazeEnvConfig) -> list[dict[str, str]]:
     adv = config.adversarial_variants
     for theme in adv.themes:
         if theme not in THEMES:
@@ -196,7 +196,7 @@ def _adversarial_variants(config: EnvConfig) -> list[dict[str, str]]:
     return variants
 
 
-def _params(config: EnvConfig, split: str, index: int) -> dict[str, Any]:
+def _params(config: MazeEnvConfig, split: str, index: int) -> dict[str, Any]:
     """Task params before the attempt search: layout, size, placement, theme, transform."""
     sizes = _split_sizes(config, split)
     params: dict[str, Any] = {
@@ -215,7 +215,7 @@ def _params(config: EnvConfig, split: str, index: int) -> dict[str, Any]:
     return params
 
 
-def _capacity_note(config: EnvConfig, split: str, size: int) -> str:
+def _capacity_note(config: MazeEnvConfig, split: str, size: int) -> str:
     layouts = split_layouts(config.layout, size, split)
     if layouts is None:
         return "a large size: raise MAX_ATTEMPTS or check the placement rule"
@@ -236,7 +236,7 @@ def _distinct_key(maze: Maze, params: dict[str, Any]) -> tuple[str, str]:
     return maze.content_hash(), params["theme"]
 
 
-def make_task(config: EnvConfig, split: str, index: int, used: set[tuple[str, str]] | None = None) -> Task:
+def make_task(config: MazeEnvConfig, split: str, index: int, used: set[tuple[str, str]] | None = None) -> Task:
     """Task `index` of a split: the first attempt whose maze's layout the split owns.
 
     With `used` (the distinct keys of the split's earlier tasks), an attempt that repeats one of
@@ -315,7 +315,7 @@ def train_overlap(tasks: Sequence[Task]) -> list[Task]:
     return [t for t in tasks if layout_split(maze_for_task(t)) == "train"]
 
 
-def maze_split_version(config: EnvConfig, split: str) -> str:
+def maze_split_version(config: MazeEnvConfig, split: str) -> str:
     """12-hex-digit hash of everything that decides a split's tasks."""
     spec: dict[str, Any] = {
         "rule": SPLIT_RULE,
@@ -336,7 +336,7 @@ def maze_split_version(config: EnvConfig, split: str) -> str:
 class Split(Sequence[Task]):
     """The tasks of one split, computed on first access and memoised; indexable and iterable."""
 
-    def __init__(self, config: EnvConfig, split: str):
+    def __init__(self, config: MazeEnvConfig, split: str):
         if split not in SPLIT_BUCKETS:
             raise VlrlError(f"unknown split '{split}'; use one of {', '.join(SPLIT_BUCKETS)}")
         self.config = config.model_copy(deep=True)
@@ -374,7 +374,7 @@ class Split(Sequence[Task]):
         return f"Split({self.name!r}, count={self.count}, version={self.version!r})"
 
 
-def build_maze_split(config: EnvConfig, split: str) -> Split:
+def build_maze_split(config: MazeEnvConfig, split: str) -> Split:
     """The split's tasks as a lazy `Split` sequence."""
     return Split(config, split)
 

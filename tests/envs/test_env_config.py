@@ -1,0 +1,152 @@
+"""Env-owned configs: `RunConfig.env` is validated by the config class its `name` registers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any, Literal
+
+import pytest
+from pydantic import Field
+from typer.testing import CliRunner
+
+from vlrl.cli import app
+from vlrl.config import RunConfig, config_to_yaml, describe_fields, load_config
+from vlrl.envs.base import Observation, StepResult, Task, register_env, registered_envs, task_group, task_group_label
+from vlrl.envs.config import EnvConfigBase
+from vlrl.envs.maze.config import MazeEnvConfig
+from vlrl.errors import ConfigError, VlrlError
+
+
+class CounterConfig(EnvConfigBase):
+    name: Literal["toy_counter"] = Field("toy_counter", description="The counting toy env.")
+    target: int = Field(3, ge=1, description="Count to reach.")
+    levels: list[int] = Field(default_factory=lambda: [1, 2], description="Levels tasks cycle through.")
+
+
+@register_env("toy_counter", config=CounterConfig)
+class CounterEnv:
+    """Say `more` until the count reaches `target` (times the task's level), then `done`."""
+
+    system_prompt = "Count."
+    task_group_label = "level"
+
+    def __init__(self, config: CounterConfig):
+        self.config = config
+
+    @classmethod
+    def build_split(cls, config: CounterConfig, split: str) -> list[Task]:
+        seeds = getattr(config, split)
+        return [Task("toy_counter", split, i, seeds.seed_start + i, {"level": config.levels[i % len(config.levels)]})
+                for i in range(seeds.count)]
+
+    @classmethod
+    def split_version(cls, config: CounterConfig, split: str) -> str:
+        return f"{config.target:012d}"
+
+    @classmethod
+    def content_hash(cls, task: Task) -> str:
+        return str(task.params["level"])
+
+    @classmethod
+    def task_group(cls, task: Task) -> str:
+        return f"level {task.params['level']}"
+
+    def reset(self, task: Task) -> Observation:
+        self.task, self.count, self.turns = task, 0, 0
+        return Observation([], "count")
+
+    def step(self, action_text: str) -> StepResult:
+        self.turns += 1
+        goal = self.config.target * self.task.params["level"]
+        if "done" in action_text:
+            return StepResult(None, float(self.count == goal), True)
+        self.count += 1
+        return StepResult(Observation([], str(self.count)), 0.0, self.turns >= self.config.max_turns)
+
+    def episode_metrics(self) -> dict[str, float]:
+        return {"turns": float(self.turns)}
+
+    def trace(self) -> dict[str, Any]:
+        return {"env": "toy_counter", "task": self.task.to_json()}
+
+    def oracle_response(self) -> str:
+        return "done" if self.count == self.config.target * self.task.params["level"] else "more"
+
+
+def _load(tmp_path, text: str, *overrides: str) -> RunConfig:
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    return load_config(f, list(overrides))
+
+
+def test_a_registered_env_brings_its_own_config(tmp_path):
+    cfg = _load(tmp_path, "env:\n  name: toy_counter\n  target: 5\n  holdout: {seed_start: 500000, count: 4}\n")
+    assert type(cfg.env) is CounterConfig and cfg.env.target == 5 and cfg.env.levels == [1, 2]
+    assert cfg.env.holdout.count == 4 and cfg.env.train.count == 100_000  # partial sections keep defaults
+    assert load_config(None, ["env.name=toy_counter", "env.target=2"]).env.target == 2
+    # the YAML of the resolved config names the env's own fields and reads back equal
+    text = config_to_yaml(cfg)
+    assert "target: 5" in text and "sizes" not in text
+    again = tmp_path / "again.yaml"
+    again.write_text(text)
+    assert load_config(again) == cfg
+    # the generic API works on it without any edit outside this file
+    tasks = CounterEnv.build_split(cfg.env, "holdout")
+    assert [task_group(t) for t in tasks] == ["level 1", "level 2", "level 1", "level 2"]
+    assert task_group_label("toy_counter") == "level" and task_group_label("maze") == "size"
+
+
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("env:\n  sizez: [5]\n", "unknown key 'env.sizez'; did you mean 'env.sizes'?"),
+        ("env:\n  name: maze_plan\n  layot: blocks\n", "unknown key 'env.layot'; did you mean 'env.layout'?"),
+        ("env:\n  name: toy_counter\n  targt: 4\n", "unknown key 'env.targt'; did you mean 'env.target'?"),
+        ("env:\n  name: toy_counter\n  sizes: [5]\n", "unknown key 'env.sizes'; known keys: name, max_turns"),
+        ("env:\n  name: toy_countr\n", "env.name = 'toy_countr': unknown environment 'toy_countr'; did you mean 'toy_counter'?"),
+        ("env:\n  name: toy_counter\n  target: 0\n", "env.target = 0"),
+        ("env:\n  name: toy_counter\n  holdout: {seed_start: 5}\n", "overlap"),
+        ("env:\n  holdout: {sizez: [5]}\n", "unknown key 'env.holdout.sizez'; did you mean 'env.holdout.sizes'?"),
+    ],
+)
+def test_env_errors_are_one_line_with_that_envs_did_you_mean(tmp_path, yaml_text, expected):
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, yaml_text)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_run_config_built_in_python_dispatches_too():
+    assert type(RunConfig().env) is MazeEnvConfig and RunConfig().env.name == "maze"
+    assert type(RunConfig(env={"name": "toy_counter"}).env) is CounterConfig
+    assert RunConfig(env=CounterConfig(target=7)).env.target == 7
+    assert type(RunConfig(env={"sizes": [7]}).env) is MazeEnvConfig  # no name: the default env
+
+
+def test_register_env_checks_the_config_class():
+    with pytest.raises(VlrlError, match="needs config="):
+        register_env("toy_no_config")(type("NoConfig", (), {}))
+    with pytest.raises(VlrlError, match="must build from defaults with name 'toy_other'"):
+        register_env("toy_other", config=CounterConfig)(type("Other", (), {}))
+    assert "toy_no_config" not in registered_envs() and "toy_other" not in registered_envs()
+
+
+def test_every_env_field_is_documented_and_shown():
+    for name in registered_envs():
+        rows = describe_fields(env=name)
+        undocumented = [key for key, _, _, doc in rows if not doc.strip()]
+        assert not undocumented, (name, undocumented)
+    keys = {key for key, *_ in describe_fields(env="toy_counter")}
+    assert {"env.target", "env.levels", "env.holdout.seed_start"} <= keys and "env.sizes" not in keys
+    assert "env.sizes" in {key for key, *_ in describe_fields()}
+    runner = CliRunner()
+    shown = runner.invoke(app, ["config", "show", "--doc", "--env", "toy_counter"], terminal_width=300)
+    assert shown.exit_code == 0 and "env.target" in shown.output and "env.sizes" not in shown.output
+    bad = runner.invoke(app, ["config", "show", "--doc", "--env", "toy_countr"])
+    assert bad.exit_code != 0 and "did you mean 'toy_counter'" in str(bad.exception)
+
+
+def test_run_config_and_env_modules_do_not_import_each_other():
+    code = "import sys, vlrl.envs.base, vlrl.envs.config, vlrl.envs.maze; print('vlrl.config' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
