@@ -66,7 +66,7 @@ Value = bool | str
 
 @dataclass(frozen=True)
 class Widget:
-    """One widget of a screen; `extra` holds the kind's own keys (value, action, style, target)."""
+    """One widget of a screen; the kind's own keys (value, action, style, target) are None for other kinds."""
 
     id: str
     kind: str
@@ -396,3 +396,21 @@ def instruction(app: App) -> str:
     text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     save = app.buttons(next(s for s in range(len(app.screens)) if app.buttons(s, "save")), "save")[0].label
     return f"{text[0].upper()}{text[1:]}, then press {_quote(save)}."
+
+
+def describe_screen(app: App, state: AppState) -> str:
+    """The shown screen in words, one widget a line with its state, box and centre (terminal play)."""
+    screen = app.screens[state.screen]
+    lines = [f"screen {state.screen} {screen.name!r} of {app.title or 'the app'!r}, {app.width}x{app.height} px"]
+    for w in screen.widgets:
+        if w.kind in ("checkbox", "toggle"):
+            shown = "on" if state.values[w.id] else "off"
+        elif w.kind == "textfield":
+            shown = repr(state.values[w.id]) + (" (focused)" if state.focus == w.id else "")
+        elif w.kind == "tab":
+            shown = "(shown)" if w.target == state.screen else ""
+        else:
+            shown = ("highlighted " if w.style == "accent" else "") + ("pressed" if w.id in state.pressed else "")
+        x0, y0, x1, y1 = w.box
+        lines.append(f"  {w.kind:9s} {w.label!r:14s} {shown:16s} box ({x0},{y0})-({x1},{y1}) centre {w.centre()}")
+    return "\n".join(lines)

@@ -25,13 +25,13 @@ from pydantic import ValidationError
 
 from vlrl.envs.base import Observation, StepResult, Task, register_env
 from vlrl.envs.gui.actions import format_action, parse_action
-from vlrl.envs.gui.app import App, AppState, Widget, click, goal_holds, instruction, subgoal_potential, type_text
+from vlrl.envs.gui.app import App, AppState, Widget, click, describe_screen, goal_holds, instruction, subgoal_potential, type_text
 from vlrl.envs.gui.config import GuiEnvConfig
 from vlrl.envs.gui.generate import GENERATOR_VERSION
 from vlrl.envs.gui.oracle import optimal_turns, plan
 from vlrl.envs.gui.render import render
 from vlrl.envs.gui.rewards import turn_reward
-from vlrl.envs.gui.splits import Split, app_for_task, gui_split_version, train_overlap
+from vlrl.envs.gui.splits import SPLIT_RULE, Split, adhoc_task, app_for_task, gui_split_version, train_overlap
 from vlrl.errors import VlrlError
 
 TRACE_FORMAT = "vlrl.gui.trace/1"
@@ -120,6 +120,33 @@ class GuiEnv:
     def task_group(cls, task: Task) -> str:
         """Row label of per-group evaluation tables: the task's level."""
         return f"level {task.params.get('level')}"
+
+    @classmethod
+    def adhoc_task(cls, config: GuiEnvConfig, seed: int) -> Task:
+        """A task outside any split: the app of `seed` at the config's first level, size and theme."""
+        return adhoc_task(config.levels[0], seed, width=config.width, height=config.height, theme=config.theme,
+                          distractors=config.distractors)
+
+    @classmethod
+    def describe_task(cls, task: Task) -> dict[str, str]:
+        """Columns of `vlrl env split`: variant, size, screens, widgets, optimal turns (with stop)."""
+        app = app_for_task(task)
+        return {
+            "variant": str(task.params.get("variant", "none")), "screen": f"{app.width}x{app.height}",
+            "screens": str(len(app.screens)), "widgets": str(sum(len(s.widgets) for s in app.screens)),
+            "optimal turns": str(optimal_turns(app)),
+        }
+
+    @classmethod
+    def data_lineage(cls, config: GuiEnvConfig) -> dict[str, Any]:
+        """The env's facts for the run's data lineage: split rule, levels, screen size, distractors."""
+        return {"split_rule": SPLIT_RULE, "levels": list(config.levels), "screen": [config.width, config.height],
+                "distractors": list(config.distractors), "theme": config.theme}
+
+    @classmethod
+    def reward_spec(cls, config: GuiEnvConfig) -> dict[str, Any]:
+        """What decides rewards and success: the reward terms, whether `stop` is required, the turn limit."""
+        return {"rewards": config.rewards.model_dump(mode="json"), "stop_required": config.stop_required, "max_turns": config.max_turns}
 
     # -- episode ------------------------------------------------------------------------------
     def reset(self, task: Task) -> Observation:
@@ -219,6 +246,19 @@ class GuiEnv:
         """`<action>...</action>` with the first action of a shortest plan from the current state."""
         self._check_started("oracle_response")
         return f"<action>{format_action(plan(self.app, self.state, self.config.stop_required)[0])}</action>"
+
+    def random_response(self, rng) -> str:
+        """A click on a random pixel of the screen (the SFT noise turns)."""
+        return f"<action>click({rng.randrange(self.app.width)}, {rng.randrange(self.app.height)})</action>"
+
+    def format_response(self, line: str) -> str:
+        """A typed answer as a response: `click(3, 4)` becomes `<action>click(3, 4)</action>`."""
+        return line if "<action>" in line.lower() else f"<action>{line}</action>"
+
+    def render_text(self) -> str:
+        """The shown screen as text, one widget a line (for `vlrl env play` in a terminal)."""
+        self._check_started("render_text")
+        return describe_screen(self.app, self.state)
 
     def episode_metrics(self) -> dict[str, float]:
         """success, turns, invalid_actions, misclicks, optimal_turns, return, solvable, level."""
