@@ -191,7 +191,7 @@ class SftConfig(Section):
         description="Stop early once the mean loss of the last 20 steps is below this (None: run every step). The demo uses it to end the warm start at the same competence whatever the batch order.",
     )
     noise: float = Field(
-        0.0, ge=0, le=1, description="Share of oracle turns replaced by a random action, so transcripts show recovery."
+        0.0, ge=0, le=1, description="Share of oracle turns replaced by a random response (the env's `random_response`, the maze: a random move), so transcripts show recovery."
     )
 
 

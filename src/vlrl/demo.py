@@ -2,7 +2,7 @@
 
     build the demo model offline -> SFT warm start on oracle transcripts -> GRPO with LoRA
     -> evaluate base, SFT and GRPO on the holdout split -> table with 95% intervals, paired
-    comparisons on the same mazes (McNemar's exact test) -> plot
+    comparisons on the same tasks (McNemar's exact test) -> plot
 
 Everything lands in one directory (default runs/demo): the model, both adapters, the GRPO run
 (config, metrics.jsonl, checkpoints), evaluation summaries and traces, demo.json and the plot.
@@ -73,7 +73,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     phase("grpo", t0)
 
     n_eval = config.env.holdout.count
-    console.rule(f"3/3 evaluation on {n_eval} holdout mazes (greedy)")
+    console.rule(f"3/3 evaluation on {n_eval} holdout tasks (greedy)")
     t0 = time.perf_counter()
     if full:
         models = [("base", None, None), ("sft", str(sft_dir), None), ("grpo", str(sft_dir), str(grpo_dir))]
@@ -84,8 +84,8 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
                                   out_dir=out / "eval")
     phase("eval", t0)
 
-    console.print(results_table(results, title=f"holdout split, {results[0].summary()['n']} mazes"))
-    console.print(paired_table(results, title="paired on the same mazes (b, c: mazes only A, only B solved)"))
+    console.print(results_table(results, title=f"holdout split, {results[0].summary()['n']} tasks"))
+    console.print(paired_table(results, title="paired on the same tasks (b, c: tasks only A, only B solved)"))
     summaries = {r.label: r.summary() for r in results}
     by_label = {r.label: r for r in results}
     paired = {f"{a}_vs_{b}": pair_results(by_label[a], by_label[b]) for a, b in (("sft", "base"), ("grpo", "base"), ("grpo", "sft"))}
@@ -110,7 +110,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     (out / "demo.json").write_text(json.dumps(report, indent=1))
     vs_sft = paired["grpo_vs_sft"]
     console.print(
-        f"GRPO vs its SFT start: {vs_sft.format_difference()} points, paired on the same mazes (only GRPO solved "
+        f"GRPO vs its SFT start: {vs_sft.format_difference()} points, paired on the same tasks (only GRPO solved "
         f"{vs_sft.only_a}, only SFT {vs_sft.only_b}; McNemar p = {format_p(vs_sft.p_value)}; Wilson intervals "
         f"{'do not overlap' if separated else 'overlap'}); "
         f"wall time {report['wall_time_s']:.0f}s, peak memory {report['peak_memory_mb']:.0f} MB; plot {plot}"

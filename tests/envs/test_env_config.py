@@ -53,19 +53,20 @@ class CounterEnv:
         return f"level {task.params['level']}"
 
     def reset(self, task: Task) -> Observation:
-        self.task, self.count, self.turns = task, 0, 0
+        self.task, self.count, self.turns, self.success = task, 0, 0, False
         return Observation([], "count")
 
     def step(self, action_text: str) -> StepResult:
         self.turns += 1
         goal = self.config.target * self.task.params["level"]
         if "done" in action_text:
-            return StepResult(None, float(self.count == goal), True)
+            self.success = self.count == goal
+            return StepResult(None, float(self.success), True)
         self.count += 1
         return StepResult(Observation([], str(self.count)), 0.0, self.turns >= self.config.max_turns)
 
     def episode_metrics(self) -> dict[str, float]:
-        return {"turns": float(self.turns)}
+        return {"success": float(self.success), "turns": float(self.turns)}
 
     def trace(self) -> dict[str, Any]:
         return {"env": "toy_counter", "task": self.task.to_json()}
@@ -94,7 +95,7 @@ def test_a_registered_env_brings_its_own_config(tmp_path):
     # the generic API works on it without any edit outside this file
     tasks = CounterEnv.build_split(cfg.env, "holdout")
     assert [task_group(t) for t in tasks] == ["level 1", "level 2", "level 1", "level 2"]
-    assert task_group_label("toy_counter") == "level" and task_group_label("maze") == "size"
+    assert task_group_label("toy_counter") == "level" and task_group_label("maze") == "maze size"
 
 
 @pytest.mark.parametrize(
@@ -150,3 +151,25 @@ def test_run_config_and_env_modules_do_not_import_each_other():
     code = "import sys, vlrl.envs.base, vlrl.envs.config, vlrl.envs.maze; print('vlrl.config' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_the_env_commands_and_eval_tables_work_for_the_toy_env():
+    from vlrl.cli.env_cmd import app as env_app
+    from vlrl.eval.evaluate import EvalResult, episode_row, group_table, results_table
+
+    runner = CliRunner()
+    listed = runner.invoke(env_app, ["split", "--env", "toy_counter", "--show", "3", "env.target=2"], terminal_width=200)
+    assert listed.exit_code == 0 and "200 tasks" in listed.output and "level 2" in listed.output, listed.output
+    played = runner.invoke(env_app, ["play", "--env", "toy_counter", "--oracle", "env.target=2"])
+    assert played.exit_code == 0 and played.output.count("oracle> more") == 2 and "success: turns 3" in played.output, played.output
+    no_seed = runner.invoke(env_app, ["render", "--env", "toy_counter", "--seed", "1"])
+    assert no_seed.exit_code != 0 and "makes no ad-hoc tasks" in str(no_seed.exception)
+    # per-level evaluation tables, titled by the env's label
+    tasks = CounterEnv.build_split(CounterConfig(), "holdout")[:5]
+    result = EvalResult("toy", "holdout", "greedy", [episode_row({"success": float(t.index < 2)}, t) for t in tasks])
+    summary = result.summary()
+    assert summary["group_label"] == "level" and list(summary["by_group"]) == ["level 1", "level 2"]
+    assert summary["by_group"]["level 1"]["n"] == 3 and summary["success_by_group"]["level 2"] == 0.5
+    table = group_table([result])
+    assert table.title == "per level" and [c.header for c in table.columns][2] == "level"
+    assert results_table([result]).columns[-1].header == "by level"

@@ -300,14 +300,14 @@ def test_block_ascii_view():
 def test_cli_render_and_play_blocks(tmp_path):
     runner = CliRunner()
     out = tmp_path / "maze.png"
-    result = runner.invoke(app, ["render", "--layout", "blocks", "--size", "9", "--seed", "3", "-o", str(out), "--json"])
+    result = runner.invoke(app, ["render", "env.layout=blocks", "env.sizes=[9]", "--seed", "3", "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
     image = Image.open(out)
     assert image.size == (225, 225)
-    maze = Maze.from_json(json.loads((tmp_path / "maze.json").read_text()))
+    maze = Maze.from_json(json.loads((tmp_path / "maze.json").read_text())["maze"])
     assert maze.layout == "blocks" and maze == maze_for_task(adhoc_task(9, 3, layout="blocks"))
     assert np.asarray(image.convert("RGB")).tobytes() == render(maze, maze.start).tobytes()
-    bad = runner.invoke(app, ["render", "--layout", "blocks", "--size", "8", "-o", str(tmp_path / "x.png")])
-    assert bad.exit_code != 0
-    play = runner.invoke(app, ["play", "--layout", "blocks", "--size", "9", "--oracle"])
+    bad = runner.invoke(app, ["render", "env.layout=blocks", "env.sizes=[8]", "-o", str(tmp_path / "x.png")])
+    assert bad.exit_code != 0 and "odd maze sizes" in str(bad.exception)
+    play = runner.invoke(app, ["play", "env.layout=blocks", "env.sizes=[9]", "--seed", "0", "--oracle"])
     assert play.exit_code == 0 and "Stopped on the goal." in play.output and "##" in play.output

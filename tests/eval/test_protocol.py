@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from vlrl.cli import app
 from vlrl.envs.base import Task, build_split, replay_trace, split_version
 from vlrl.errors import VlrlError
-from vlrl.eval.evaluate import results_table, size_table
+from vlrl.eval.evaluate import group_table, results_table
 from vlrl.eval.protocol import check_disjoint_from_train, evaluate_models, tasks_hash
 from vlrl.eval.verify import verify_eval_dir
 from vlrl.models.fingerprint import model_fingerprint
@@ -42,7 +42,7 @@ def test_evaluation_saves_traces_that_reverify_the_success_rate(ci_config, tmp_p
     assert summary["model"]["base_fingerprint"] == model_fingerprint(cfg.model.path) and summary["model"]["adapter_path"] is None
     assert summary["split_version"] == split_version(cfg.env, "holdout")
     assert summary["tasks_hash"] == tasks_hash(list(build_split(cfg.env, "holdout"))[:4])
-    assert summary["by_size"]["3"]["n"] == 4 and summary["successes"] == round(4 * summary["success_rate"])
+    assert summary["by_group"]["3x3"]["n"] == 4 and summary["group_label"] == "maze size" and summary["successes"] == round(4 * summary["success_rate"])
     assert json.loads((tmp_path / "eval" / "results.json").read_text())[0]["dir"] == "base"
     traces = [json.loads(line) for line in (tmp_path / "eval" / "base" / "traces.jsonl").read_text().splitlines()]
     replays = [replay_trace(t) for t in traces]
@@ -112,7 +112,7 @@ def test_both_decodings_and_a_row_per_maze_size(ci_config, tmp_path):
                               out_dir=tmp_path / "eval")
     assert [r.decoding for r in results] == ["greedy", f"sampled T={cfg.rollout.temperature}"]
     assert {r.summary()["tasks_hash"] for r in results} == {tasks_hash(list(build_split(cfg.env, "holdout"))[:2])}
-    assert set(results[0].summary()["by_size"]) == {"3", "4"} and len(size_table(results).rows) == 4
+    assert set(results[0].summary()["by_group"]) == {"3x3", "4x4"} and len(group_table(results).rows) == 4
     assert (tmp_path / "eval" / "base" / "summary.json").is_file() and (tmp_path / "eval" / "base-sampled" / "traces.jsonl").is_file()
 
 

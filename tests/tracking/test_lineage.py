@@ -130,7 +130,7 @@ def test_params_and_metric_names_fit_mlflow_limits(tmp_path):
     params = flatten_params({"a": {"b": 1, "c": [1, 2], "d": None}, "long": "x" * 10_000})
     assert params["a.b"] == "1" and params["a.c"] == "[1, 2]" and params["a.d"] == "null"
     assert len(params["long"]) == MAX_PARAM_VALUE and params["long"].endswith("...")
-    assert metric_name("eval/holdout/success_by_size/9") == "eval/holdout/success_by_size/9"
+    assert metric_name("eval/holdout/success_by_group/9x9") == "eval/holdout/success_by_group/9x9"
     assert metric_name("a:b@c") == "a_b_c"
     assert numeric_metrics({"x": 1, "y": math.inf, "z": {"w": 2.5}, "s": "no"}) == {"x": 1.0, "z/w": 2.5}
     assert git_state(tmp_path) is None  # not a git checkout: the lineage leaves git out

@@ -36,7 +36,7 @@ def write_eval(out_dir: Path, config: RunConfig, label: str, adapter: Path | Non
     are the real ones, so two such summaries pair task by task: the one with more successes solved
     every task the other solved)."""
     tasks = list(build_split(config.env, split))[:n]
-    episodes = [{"success": float(i < successes), "turns": 2.0, "optimal_turns": 2.0, "invalid_actions": 0.0, "size": 3,
+    episodes = [{"success": float(i < successes), "turns": 2.0, "optimal_turns": 2.0, "invalid_actions": 0.0, "group": "3x3",
                  "task_id": t.task_id, "task_key": task_key(t)} for i, t in enumerate(tasks)]
     meta = {"split_version": split_version(config.env, split), "tasks_hash": tasks_hash(tasks), "env": config.env.name,
             "model": model_identity(config.model.path, str(adapter) if adapter else None)}

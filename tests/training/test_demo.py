@@ -36,4 +36,4 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
         assert pair["both"] + pair["only_a"] == s[a]["successes"] and 0 < pair["p_value"] <= 1
     assert (tmp_path / "demo" / "eval" / "paired.json").is_file()
     text = " ".join(console.export_text().split())
-    assert "McNemar p" in text and "grpo vs sft" in text and "paired on the same mazes (only GRPO solved" in text
+    assert "McNemar p" in text and "grpo vs sft" in text and "paired on the same tasks (only GRPO solved" in text

@@ -29,7 +29,7 @@ def _mount() -> None:
     from vlrl.cli import config_cmd, env_cmd, model_cmd, train_cmd
 
     app.add_typer(config_cmd.app, name="config", help="Show, validate and document run configurations.")
-    app.add_typer(env_cmd.app, name="env", help="Render mazes, list splits, play an episode.")
+    app.add_typer(env_cmd.app, name="env", help="Render an env's tasks, list splits, play an episode.")
     app.add_typer(model_cmd.app, name="model", help="Build tiny offline models and inspect checkpoints.")
     train_cmd.register(app)
     from vlrl.cli import eval_cmd, jobs_cmd

@@ -1,13 +1,16 @@
-"""`vlrl env render|play|split`: look at mazes, play one, list a split.
+"""`vlrl env render|play|split`: look at an env's tasks, play one, list a split. Any registered env.
 
-Examples::
+The env and its settings come from a run config (`-c`, default: the built-in defaults), dotted
+overrides and `--env`; the task from `--split`/`--index`, or `--seed` for an ad-hoc task when the
+env makes them. Everything goes through the env class (`vlrl.envs.base`). Examples (the maze)::
 
-    vlrl env render --size 9 --seed 3 -o maze.png --json     # 225x225 PNG + maze.json
-    vlrl env render --layout blocks --size 9 -o maze.png     # the reference block maze, 225x225
-    vlrl env play --size 5 --seed 0                          # type up/down/left/right/stop
-    vlrl env play --size 5 --seed 0 --oracle                 # watch the BFS oracle solve it
-    echo "<answer>down right</answer>" | vlrl env play --plan
-    vlrl env split --split holdout --config configs/demo-cpu.yaml
+    vlrl env render --seed 3 'env.sizes=[9]' -o maze.png --json     # 225x225 PNG + the task's trace
+    vlrl env render --seed 3 'env.sizes=[9]' env.layout=blocks      # the reference block maze
+    vlrl env render --split adversarial --index 2 -o adv.png         # an adversarial task (theme, transform)
+    vlrl env play --seed 0                                           # type up/down/left/right/stop
+    vlrl env play --seed 0 --oracle                                  # watch the oracle solve it
+    echo "down right" | vlrl env play --env maze_plan
+    vlrl env split --split holdout -c configs/demo-cpu.yaml
 """
 
 from __future__ import annotations
@@ -18,57 +21,71 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from vlrl.config import load_config
-from vlrl.envs.base import build_split, make_env, split_version
-from vlrl.envs.maze.config import MazeEnvConfig
-from vlrl.envs.maze.maze import LAYOUTS, PLACEMENTS, TRANSFORMS
-from vlrl.envs.maze.oracle import distances_to
-from vlrl.envs.maze.render import THEMES, ascii_maze, render
-from vlrl.envs.maze.splits import adhoc_task, maze_for_task
+from vlrl.envs.base import Task, build_split, env_class, make_env, split_version, task_group, task_group_label
+from vlrl.envs.config import EnvConfigBase
 from vlrl.errors import VlrlError
 
 app = typer.Typer(no_args_is_help=True)
 console = Console()
 
+_CONFIG = typer.Option(None, "-c", "--config", help="Run config YAML whose env section is used (default: built-in defaults).")
+_ENV = typer.Option(None, "--env", help="Registered env to use (sets env.name), e.g. maze_plan.")
+_SPLIT = typer.Option("holdout", "--split", help="train, holdout or adversarial.")
+_INDEX = typer.Option(0, "--index", min=0, help="Task index in the split.")
+_SEED = typer.Option(None, "--seed", help="An ad-hoc task of this seed instead of a split's task (envs that make them).")
+_OVERRIDES = typer.Argument(None, help="Dotted overrides of the config, e.g. env.layout=blocks 'env.sizes=[9]'.")
 
-def _check_choice(name: str, value: str, choices) -> None:
-    if value not in choices:
-        raise VlrlError(f"--{name} {value!r} is not one of: {', '.join(choices)}")
+
+def _env_config(config: Optional[Path], env: Optional[str], overrides: Optional[list[str]]) -> EnvConfigBase:
+    return load_config(config, [*(overrides or []), *([f"env.name={env}"] if env else [])]).env
+
+
+def _task(config: EnvConfigBase, split: str, index: int, seed: Optional[int]) -> Task:
+    """The ad-hoc task of `seed`, or task `index` of `split`."""
+    if seed is not None:
+        cls = env_class(config.name)
+        if not hasattr(cls, "adhoc_task"):
+            raise VlrlError(f"env '{config.name}' makes no ad-hoc tasks by seed; pick a split's task with --split and --index")
+        return cls.adhoc_task(config, seed)
+    tasks = build_split(config, split)
+    if index >= len(tasks):
+        raise VlrlError(f"--index {index}: split {split} has {len(tasks)} tasks")
+    return tasks[index]
 
 
 @app.command("render")
 def render_cmd(
-    size: int = typer.Option(9, "--size", help="Maze size N (N x N cells or blocks, 3-64; blocks: odd, >= 5)."),
-    seed: int = typer.Option(3, "--seed", help="Generator seed."),
-    layout: str = typer.Option("cells", "--layout", help=f"Maze layout: {', '.join(LAYOUTS)} (blocks = the reference)."),
-    cell_px: int = typer.Option(25, "--cell-px", help="Pixels per cell (25: 9x9 -> 225 px)."),
-    theme: str = typer.Option("default", "--theme", help=f"Colour theme: {', '.join(THEMES)}."),
-    transform: str = typer.Option("none", "--transform", help=f"Geometric transform: {', '.join(TRANSFORMS)}."),
-    placement: str = typer.Option("corners", "--placement", help=f"Start/goal placement: {', '.join(PLACEMENTS)}."),
-    output: Path = typer.Option(Path("maze.png"), "-o", "--output", help="PNG file to write."),
-    write_json: bool = typer.Option(False, "--json", help="Also write the maze JSON next to the PNG (same name, .json)."),
+    config: Optional[Path] = _CONFIG,
+    env: Optional[str] = _ENV,
+    split: str = _SPLIT,
+    index: int = _INDEX,
+    seed: Optional[int] = _SEED,
+    output: Path = typer.Option(Path("task.png"), "-o", "--output", help="PNG file to write (a second image: NAME-1.png, ...)."),
+    write_json: bool = typer.Option(False, "--json", help="Also write the task's trace at its start (the env's content) next to the PNG."),
+    overrides: Optional[list[str]] = _OVERRIDES,
 ) -> None:
-    """Draw one maze with the agent on its start cell and write it as a PNG.
+    """Draw a task's first observation and write it as PNG.
 
-    Example: vlrl env render --size 9 --seed 3 -o maze.png --json
+    Example: vlrl env render --seed 3 'env.sizes=[9]' -o maze.png --json
     """
-    _check_choice("theme", theme, THEMES)
-    _check_choice("transform", transform, TRANSFORMS)
-    _check_choice("placement", placement, PLACEMENTS)
-    _check_choice("layout", layout, LAYOUTS)
-    task = adhoc_task(size, seed, placement=placement, theme=theme, transform=transform, layout=layout)
-    maze = maze_for_task(task)
-    image = render(maze, maze.start, cell_px, theme, noise_seed=seed if theme == "noise" else None)
+    env_config = _env_config(config, env, overrides)
+    task = _task(env_config, split, index, seed)
+    episode = make_env(env_config)
+    obs = episode.reset(task)
+    if not obs.images:
+        raise VlrlError(f"task {task.task_id}: the first observation has no image (its text: {obs.text!r})")
     output.parent.mkdir(parents=True, exist_ok=True)
-    image.save(output, format="PNG")
-    console.print(f"wrote {output} ({image.width}x{image.height} px, start {list(maze.start)}, goal {list(maze.goal)})")
+    for i, image in enumerate(obs.images):
+        path = output if i == 0 else output.with_name(f"{output.stem}-{i}{output.suffix}")
+        image.save(path, format="PNG")
+        console.print(f"wrote {path} ({image.width}x{image.height} px, task {task.task_id}, {task_group(task)})", highlight=False)
     if write_json:
         json_path = output.with_suffix(".json")
-        json_path.write_text(json.dumps(maze.to_json(), indent=1) + "\n")
+        json_path.write_text(json.dumps(episode.trace(), indent=1) + "\n")
         console.print(f"wrote {json_path}")
 
 
@@ -78,82 +95,81 @@ def _read_line() -> str | None:
     return None if line == "" else line.strip()
 
 
+def _show(episode, text: str) -> None:
+    """The env's text drawing of its state (when it has one), then `text`."""
+    if hasattr(episode, "render_text"):
+        console.print(episode.render_text(), highlight=False)
+    console.print(text, highlight=False)
+
+
 @app.command("play")
 def play(
-    size: int = typer.Option(5, "--size", help="Maze size N."),
-    seed: int = typer.Option(0, "--seed", help="Generator seed."),
-    layout: str = typer.Option("cells", "--layout", help=f"Maze layout: {', '.join(LAYOUTS)} (blocks = the reference)."),
-    oracle: bool = typer.Option(False, "--oracle", help="Let the BFS oracle play and print each move."),
-    plan: bool = typer.Option(False, "--plan", help="Plan variant: answer the whole path in one line."),
-    max_turns: int = typer.Option(18, "--max-turns", help="Turn limit of the multi-turn game."),
-    stop_required: bool = typer.Option(True, "--stop-required/--no-stop-required", help="Must say stop on the goal."),
+    config: Optional[Path] = _CONFIG,
+    env: Optional[str] = _ENV,
+    split: str = _SPLIT,
+    index: int = _INDEX,
+    seed: Optional[int] = _SEED,
+    oracle: bool = typer.Option(False, "--oracle", help="Let the env's oracle play and print each response."),
+    overrides: Optional[list[str]] = _OVERRIDES,
 ) -> None:
-    """Play a maze in the terminal, or watch the oracle play it.
+    """Play a task in the terminal, or watch the oracle play it.
 
-    Type one move per line (up, down, left, right, stop), or the whole path with --plan;
-    `<action>..</action>` tags are optional. Reads stdin, so piped input works too.
-    `q` or end of input quits.
+    Type one answer per line (the maze: up, down, left, right, stop; the whole path with
+    --env maze_plan); the env puts a bare answer into its response format. Reads stdin, so piped
+    input works too. `q` or end of input quits.
 
-    Example: vlrl env play --size 5 --seed 0 --oracle
+    Example: vlrl env play --seed 0 --oracle
     """
-    name = "maze_plan" if plan else "maze"
-    _check_choice("layout", layout, LAYOUTS)
-    try:
-        config = MazeEnvConfig(name=name, sizes=[size], layout=layout, max_turns=max_turns, stop_required=stop_required)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(part) for part in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        raise VlrlError(f"invalid play settings: {where + ': ' if where else ''}{message}") from None
-    env = make_env(config)
-    obs = env.reset(adhoc_task(size, seed, env=name, layout=layout))
-    maze = env.maze
-    console.print(ascii_maze(maze, maze.start), highlight=False)
-    console.print(f"[bold]{obs.text}[/]", highlight=False)
+    env_config = _env_config(config, env, overrides)
+    task = _task(env_config, split, index, seed)
+    episode = make_env(env_config)
+    obs = episode.reset(task)
+    _show(episode, f"[bold]{obs.text}[/]")
     done = False
     while not done:
         if oracle:
-            response = env.oracle_response()
+            response = episode.oracle_response()
             console.print(f"oracle> {response}", highlight=False)
         else:
-            console.print("plan> " if plan else "move> ", end="")
+            console.print("> ", end="")
             line = _read_line()
             if line is not None and not sys.stdin.isatty():
                 console.print(line, highlight=False)  # echo piped input so the transcript reads well
             if line is None or line.lower() in {"q", "quit", "exit"}:
                 console.print("\nquit.")
                 break
-            tag = "answer" if plan else "action"
-            response = line if f"<{tag}>" in line.lower() else f"<{tag}>{line}</{tag}>"
-        result = env.step(response)
+            response = episode.format_response(line) if hasattr(episode, "format_response") else line
+        result = episode.step(response)
         done = result.done
-        console.print(ascii_maze(maze, tuple(result.info["position"])), highlight=False)
-        console.print(f"{result.info['feedback']}  (reward {result.reward:+.2f})", highlight=False)
-    metrics = env.episode_metrics()
-    console.print(
-        f"[bold]{'success' if metrics['success'] else 'no success'}[/]: return {metrics['return']:+.2f}, "
-        f"{int(metrics['turns'])} turn(s), optimal {int(metrics['optimal_turns'])}, "
-        f"{int(metrics['wall_bumps'])} wall bump(s), {int(metrics['invalid_actions'])} invalid"
-    )
+        feedback = result.observation.text if result.observation is not None else result.info.get("feedback", "")
+        _show(episode, f"{feedback}  (reward {result.reward:+.2f})")
+    metrics = episode.episode_metrics()
+    shown = ", ".join(f"{k} {v:g}" for k, v in metrics.items() if k != "success")
+    console.print(f"[bold]{'success' if metrics.get('success') else 'no success'}[/]: {shown}", highlight=False)
 
 
 @app.command("split")
 def split_cmd(
-    split: str = typer.Option("holdout", "--split", help="train, holdout or adversarial."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Run config YAML (default: built-in defaults)."),
+    split: str = _SPLIT,
+    config: Optional[Path] = _CONFIG,
+    env: Optional[str] = _ENV,
     show: int = typer.Option(5, "--show", help="How many of the first tasks to list."),
+    overrides: Optional[list[str]] = _OVERRIDES,
 ) -> None:
     """Print a split's size, version and first tasks.
 
-    Example: vlrl env split --split adversarial --config configs/demo-cpu.yaml --show 10
+    Example: vlrl env split --split adversarial -c configs/demo-cpu.yaml --show 10
     """
-    env_config = load_config(config).env
+    env_config = _env_config(config, env, overrides)
+    cls = env_class(env_config.name)
     tasks = build_split(env_config, split)
-    console.print(f"split [bold]{split}[/]: {len(tasks)} tasks, version {split_version(env_config, split)}")
-    table = Table("index", "seed", "size", "variant", "start", "goal", "moves")
+    console.print(f"split [bold]{split}[/] of env {env_config.name}: {len(tasks)} tasks, version {split_version(env_config, split)}")
+    rows = []
     for task in tasks[: max(0, show)]:
-        maze = maze_for_task(task)
-        moves = distances_to(maze, maze.goal)[maze.start[0]][maze.start[1]]
-        variant = task.params.get("variant", "-")
-        table.add_row(str(task.index), str(task.seed), str(maze.size), variant, str(list(maze.start)), str(list(maze.goal)), str(moves))
+        extra = cls.describe_task(task) if hasattr(cls, "describe_task") else {}
+        rows.append(([str(task.index), str(task.seed), task_group(task)], extra))
+    extra_cols = list(dict.fromkeys(k for _, extra in rows for k in extra))
+    table = Table("index", "seed", task_group_label(env_config.name), *extra_cols)
+    for cells, extra in rows:
+        table.add_row(*cells, *(str(extra.get(k, "-")) for k in extra_cols))
     console.print(table)

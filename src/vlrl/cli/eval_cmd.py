@@ -34,15 +34,15 @@ def evaluate(
     ),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides."),
 ) -> None:
-    """Evaluate the base model and adapters on a split: success with 95% intervals, turns, invalid rate, per size,
-    and every two models compared task by task (discordant tasks, paired difference, McNemar's exact p).
+    """Evaluate the base model and adapters on a split: success with 95% intervals, turns, invalid rate, per task
+    group (the maze: per size), and every two models compared task by task (discordant tasks, paired difference, McNemar's exact p).
 
     Every episode's trace is saved, so `vlrl eval-verify OUT` can re-check the success rates without a model.
     An adapter is refused on the split its lineage says it was trained on (unless --force).
 
     Example: vlrl eval -c configs/demo-cpu.yaml -a runs/demo/sft-adapter -a runs/demo/grpo/adapter -n 200 -o runs/eval-holdout
     """
-    from vlrl.eval.evaluate import paired_table, result_pairs, results_table, size_table
+    from vlrl.eval.evaluate import group_table, paired_table, result_pairs, results_table
     from vlrl.eval.protocol import evaluate_models
 
     ov = list(overrides or [])
@@ -62,7 +62,7 @@ def evaluate(
     results = evaluate_models(cfg, models, split=split, limit=n, decodings=decodings, out_dir=out, force=force)
     s = results[0].summary()
     console.print(results_table(results, title=f"{split} split ({s['n']} tasks, split {s['split_version']}, tasks {s['tasks_hash'][:8]})"))
-    console.print(size_table(results))
+    console.print(group_table(results))
     if result_pairs(results):
         console.print(paired_table(results))
     console.print(f"summaries and traces in [bold]{out}[/] (re-check with: vlrl eval-verify {out})", highlight=False)
@@ -74,7 +74,7 @@ def verify(
     """Replay saved evaluation traces through the environment and re-count successes, without a model.
 
     Exits with status 1 when a trace does not replay as recorded, a count differs from summary.json,
-    or an evaluated maze is a training maze.
+    or an evaluated task is a training task (for the maze: shows a training wall layout).
 
     Example: vlrl eval-verify runs/eval-holdout
     """
@@ -83,7 +83,7 @@ def verify(
 
     reports = verify_eval_dir(path)
     table = Table(title=f"re-verified from traces: {path}")
-    for col in ("traces", "n", "success (replayed) [95% CI]", "summary says", "mismatched traces", "training mazes", "ok"):
+    for col in ("traces", "n", "success (replayed) [95% CI]", "summary says", "mismatched traces", "training tasks", "ok"):
         table.add_column(col)
     for r in reports:
         table.add_row(

@@ -65,13 +65,14 @@ def _run_tree(node: Tree, chain: dict[str, Any]) -> None:
         if chain.get("parent"):
             _chain_tree(i, chain["parent"])
     data = lin.get("data", {})
-    d = r.add(f"[bold]data[/] env {data.get('env')}, generator {data.get('generator_version')}, "
-              f"split rule {data.get('split_rule', '-')}, layout {data.get('layout')}")
+    env_facts = "".join(f", {k.replace('_', ' ')} {v}" for k, v in data.items() if k not in ("env", "generator_version", "splits"))
+    d = r.add(f"[bold]data[/] env {data.get('env')}, generator {data.get('generator_version')}{env_facts}")
     for name, s in data.get("splits", {}).items():
-        d.add(f"{name}: seeds [{s['seed_start']}, {s['seed_end']}), {s['count']} tasks, sizes {s['sizes']}, version {s['version']}")
+        split_facts = "".join(f", {k} {v}" for k, v in s.items() if k not in ("seed_start", "seed_end", "count", "version"))
+        d.add(f"{name}: seeds [{s['seed_start']}, {s['seed_end']}), {s['count']} tasks{split_facts}, version {s['version']}")
     rw = lin.get("rewards", {})
-    r.add(f"[bold]rewards[/] {_short(rw.get('hash'))} {json.dumps(rw.get('rewards'))}, stop_required {rw.get('stop_required')}, "
-          f"max_turns {rw.get('max_turns')}")
+    settings = ", ".join(f"{k} {json.dumps(v)}" for k, v in rw.items() if k not in ("env", "hash"))
+    r.add(f"[bold]rewards[/] {_short(rw.get('hash'))} {settings}")
     ckpts = lin.get("checkpoints", [])
     r.add(f"[bold]checkpoints[/] {', '.join(Path(c['path']).name for c in ckpts) or 'none'}")
     ev = r.add(f"[bold]evaluations[/] {len(lin.get('evaluations', []))}")

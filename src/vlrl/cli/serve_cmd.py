@@ -172,7 +172,7 @@ def play(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write summary.json and traces.jsonl here."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides of the run config."),
 ) -> None:
-    """Play maze episodes against a served model (openai client, images as data URLs) and print the
+    """Play episodes of the config's env against a served model (openai client, images as data URLs) and print the
     same table as `vlrl eval`.
 
     Example: vlrl play --url http://127.0.0.1:8000 --model maze -c configs/demo-cpu.yaml --split holdout -n 200

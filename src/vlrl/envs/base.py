@@ -14,7 +14,7 @@ registered under `env.name`). It is built as `cls(config)` and, besides the `Env
 provides classmethods used here: `build_split(config, split)`, `split_version(config, split)`,
 `content_hash(task)`, `replay_trace(trace)` which re-checks a recorded episode, and
 `task_group(task)`, the row label of per-group evaluation tables (the maze: "9x9"), whose column
-is titled by the class attribute `task_group_label` (the maze: "size"). Built-in envs register
+is titled by the class attribute `task_group_label` (the maze: "maze size"). Built-in envs register
 themselves when their package (listed in `_BUILTIN_MODULES`) is imported; third-party packages
 register through the `vlrl.envs` entry-point group. `make_env` loads both on first use.
 """
@@ -298,7 +298,7 @@ def task_group(task: Task) -> str:
 
 
 def task_group_label(env_name: str) -> str:
-    """What the env's task groups are, as a table column title ("size" for the maze)."""
+    """What the env's task groups are, as a table column title ("maze size" for the maze; default "group")."""
     return getattr(env_class(env_name), "task_group_label", "group")
 
 

@@ -11,6 +11,8 @@ This module imports nothing from `vlrl.config` (which imports it).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
 from vlrl.sections import Section
@@ -25,6 +27,10 @@ class SplitConfig(Section):
 
 class EnvConfigBase(Section):
     """Fields every env has; subclasses add theirs (and may narrow `name` and the split type)."""
+
+    # Keys of this section a resumed run may change (they do not change what a checkpoint means):
+    # the adversarial split is evaluation only. A subclass adds its own evaluation-only keys.
+    resume_safe_keys: ClassVar[tuple[str, ...]] = ("adversarial",)
 
     name: str = Field(..., description="Registered environment; selects the config class that validates this section (`vlrl config show --doc --env NAME` lists its fields).")
     max_turns: int = Field(18, ge=1, le=256, description="Episode length limit in model turns.")

@@ -1,8 +1,10 @@
 """Evaluation: play one episode per task with a model (greedy or sampled) and summarise.
 
 The summary is what the protocol compares models on: success rate with a Wilson 95% interval,
-turns taken against the oracle's optimum, invalid-action rate, success per maze size. Every
-episode's trace (maze JSON, actions, rewards) is kept so results can be re-verified offline.
+turns taken against the oracle's optimum, invalid-action rate, and the same per task group: the
+env's `task_group(task)` (the maze: its size, "9x9"; a levelled env: "level 1"), titled by its
+`task_group_label`. Every episode's trace (the env's content, actions, rewards) is kept so results
+can be re-verified offline.
 
 Each episode row carries its task's key (`task_key`: task id + content hash), so two results on
 the same tasks are paired task by task (`pair_results`, McNemar's test in `paired_table`);
@@ -12,6 +14,7 @@ summary.json records every task's outcome under `outcomes` for the same reason.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from typing import Any
 from rich.table import Table
 
 from vlrl.config import RunConfig
-from vlrl.envs.base import Task, task_content_hash
+from vlrl.envs.base import Task, task_content_hash, task_group, task_group_label
 from vlrl.errors import VlrlError
 from vlrl.eval.stats import PairedComparison, Proportion, pair_outcomes
 from vlrl.rollout.engine import RolloutEngine, SamplingParams
@@ -33,7 +36,12 @@ def task_key(task: Task) -> str:
     return f"{task.task_id}#{task_content_hash(task)[:16]}"
 
 
-def _size_row(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+def _natural_key(text: str) -> list:
+    """Sort key that orders "9x9" before "11x11" and "level 2" before "level 10"."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", text) if part]
+
+
+def _group_row(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     """Success with its interval, turns of won episodes against the optimum, invalid-action rate."""
     won = [e for e in episodes if e["success"] > 0]
     turns = sum(e.get("turns", 0.0) for e in episodes)
@@ -60,7 +68,7 @@ class EvalResult:
     label: str
     split: str
     decoding: str
-    episodes: list[dict[str, Any]] = field(default_factory=list)  # metrics + size per episode
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # metrics + task group per episode
     traces: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -70,21 +78,33 @@ class EvalResult:
         return Proportion(sum(int(e["success"] > 0) for e in self.episodes), len(self.episodes))
 
     def summary(self) -> dict[str, Any]:
-        """Overall and per-maze-size figures, plus `meta`; what summary.json holds."""
-        by_size: dict[str, list[dict[str, Any]]] = {}
+        """Overall and per-task-group figures, plus `meta`; what summary.json holds."""
+        by_group: dict[str, list[dict[str, Any]]] = {}
         for e in self.episodes:
-            by_size.setdefault(str(e["size"]), []).append(e)
-        sizes = sorted(by_size, key=lambda k: int(k) if k.lstrip("-").isdigit() else 0)
-        rows = {k: _size_row(by_size[k]) for k in sizes}
+            by_group.setdefault(str(e.get("group", "?")), []).append(e)
+        groups = sorted(by_group, key=_natural_key)
+        rows = {k: _group_row(by_group[k]) for k in groups}
         return {
             "label": self.label,
             "split": self.split,
             "decoding": self.decoding,
-            **_size_row(self.episodes),
-            "success_by_size": {k: rows[k]["success_rate"] for k in sizes},
-            "by_size": rows,
+            **_group_row(self.episodes),
+            "group_label": self.group_label,
+            "success_by_group": {k: rows[k]["success_rate"] for k in groups},
+            "by_group": rows,
             **self.meta,
         }
+
+    @property
+    def group_label(self) -> str:
+        """What the task groups are ("maze size", "level"): the env's label, "group" when unknown."""
+        envs = {e.get("env") for e in self.episodes}
+        if len(envs) != 1 or not isinstance(next(iter(envs)), str):
+            return "group"
+        try:
+            return task_group_label(envs.pop())
+        except VlrlError:
+            return "group"
 
     def outcomes(self) -> dict[str, bool]:
         """{task key: solved} for every episode, what a paired comparison matches on."""
@@ -113,9 +133,13 @@ class EvalResult:
         return out
 
 
+def episode_row(metrics: dict[str, float], task: Task) -> dict[str, Any]:
+    """One episode of an `EvalResult`: its metrics, env, task group and task key."""
+    return {**metrics, "env": task.env, "group": task_group(task), "task_id": task.task_id, "task_key": task_key(task)}
+
+
 def result_from_episodes(episodes: list[Episode], label: str, split: str, decoding: str) -> EvalResult:
-    rows = [{**e.metrics, "size": e.task.params.get("size") if isinstance(e.task.params, dict) else dict(e.task.params).get("size"),
-             "task_id": e.task.task_id, "task_key": task_key(e.task)} for e in episodes]
+    rows = [episode_row(e.metrics, e.task) for e in episodes]
     return EvalResult(label, split, decoding, rows, [e.trace for e in episodes])
 
 
@@ -136,27 +160,34 @@ def _turns(row: dict[str, Any]) -> str:
     return f"{row['mean_turns_success']:.2f} / {row['mean_optimal_turns_success']:.2f}"
 
 
+def _group_label(results: list[EvalResult]) -> str:
+    labels = {r.group_label for r in results}
+    return labels.pop() if len(labels) == 1 else "group"
+
+
 def results_table(results: list[EvalResult], title: str = "evaluation") -> Table:
     """Models side by side: success with its 95% interval, turns against the optimum, invalid rate."""
     table = Table(title=title)
-    for col in ("model", "split", "decoding", "n", "success [95% CI]", "turns (won) / optimal", "invalid", "by size"):
+    for col in ("model", "split", "decoding", "n", "success [95% CI]", "turns (won) / optimal", "invalid", f"by {_group_label(results)}"):
         table.add_column(col)
     for r in results:
         s = r.summary()
-        sizes = " ".join(f"{k}:{v:.0%}" for k, v in s["success_by_size"].items())
-        table.add_row(r.label, r.split, r.decoding, str(s["n"]), r.success.format(), _turns(s), f"{s['invalid_rate']:.1%}", sizes)
+        groups = " ".join(f"{k}:{v:.0%}" for k, v in s["success_by_group"].items())
+        table.add_row(r.label, r.split, r.decoding, str(s["n"]), r.success.format(), _turns(s), f"{s['invalid_rate']:.1%}", groups)
     return table
 
 
-def size_table(results: list[EvalResult], title: str = "per maze size") -> Table:
-    """One row per model, decoding and maze size: n, success [95% CI], turns (won) / optimal, invalid rate."""
-    table = Table(title=title)
-    for col in ("model", "decoding", "size", "n", "success [95% CI]", "turns (won) / optimal", "invalid"):
+def group_table(results: list[EvalResult], title: str | None = None) -> Table:
+    """One row per model, decoding and task group (the maze: size): n, success [95% CI], turns
+    (won) / optimal, invalid rate. The title and column say what the groups are ("per maze size")."""
+    label = _group_label(results)
+    table = Table(title=title or f"per {label}")
+    for col in ("model", "decoding", label, "n", "success [95% CI]", "turns (won) / optimal", "invalid"):
         table.add_column(col)
     for r in results:
-        for size, row in r.summary()["by_size"].items():
+        for group, row in r.summary()["by_group"].items():
             p = Proportion(row["successes"], row["n"])
-            table.add_row(r.label, r.decoding, f"{size}x{size}", str(row["n"]), p.format(), _turns(row), f"{row['invalid_rate']:.1%}")
+            table.add_row(r.label, r.decoding, group, str(row["n"]), p.format(), _turns(row), f"{row['invalid_rate']:.1%}")
     return table
 
 

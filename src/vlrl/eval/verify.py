@@ -1,10 +1,10 @@
 """Re-verify an evaluation from its traces alone: `vlrl eval-verify DIR`.
 
-Every trace holds the maze as JSON and the model's raw responses. Replaying them through the
+Every trace holds what the agent faced (the maze: its JSON) and the model's raw responses. Replaying them through the
 environment (`envs.base.replay_trace`) recomputes each episode's success and return without any
 model; the recomputed success count must equal the one in summary.json. The replayed tasks are
 also checked against the training split by content (for the maze, by wall layout), so a
-reader can confirm that none of the evaluated mazes was a training maze.
+reader can confirm that none of the evaluated tasks was a training task.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class VerifyReport:
     successes_replayed: int
     successes_recorded: int | None  # from summary.json next to the traces, if present
     mismatched: list[str] = field(default_factory=list)  # task ids whose replay differs from the trace
-    in_train_split: list[str] = field(default_factory=list)  # task ids whose maze is a training maze
+    in_train_split: list[str] = field(default_factory=list)  # task ids whose content is a training task's
 
     @property
     def ok(self) -> bool:

@@ -190,17 +190,19 @@ def _table(headers: list[str], rows: list[list[str]], cls: str = "") -> str:
 
 
 def evaluations_table(evals: list[dict[str, Any]]) -> str:
-    """The evaluations as an HTML table: success with its 95% interval, turns, invalid rate, sizes."""
+    """The evaluations as an HTML table: success with its 95% interval, turns, invalid rate, per task group."""
     rows = []
+    labels = set()
     for e in evals:
-        by_size = e.get("success_by_size")
-        sizes = ", ".join(f"{k}: {_pct(v)}" for k, v in by_size.items()) if isinstance(by_size, dict) else "–"
+        by_group = e.get("success_by_group", e.get("success_by_size"))  # success_by_size: summaries before task groups
+        labels.add(e.get("group_label", "size" if "success_by_size" in e else "group"))
+        sizes = ", ".join(f"{k}: {_pct(v)}" for k, v in by_group.items()) if isinstance(by_group, dict) else "–"
         ci = f"[{_pct(e.get('success_low'))}, {_pct(e.get('success_high'))}]" if "success_low" in e else ""
         rows.append([html.escape(_fmt(e.get("step", "–"))), html.escape(str(e.get("label", ""))), html.escape(str(e.get("split", ""))),
                      html.escape(str(e.get("decoding", "greedy"))), html.escape(_fmt(e.get("n", "–"))),
                      f"<b>{_pct(e.get('success_rate'))}</b> {ci}", html.escape(_fmt(e.get("mean_turns", "–"))),
                      _pct(e.get("invalid_rate")), html.escape(sizes)])
-    return _table(["step", "label", "split", "decoding", "n", "success [95% CI]", "mean turns", "invalid / turn", "success by size"], rows)
+    return _table(["step", "label", "split", "decoding", "n", "success [95% CI]", "mean turns", "invalid / turn", f"success by {labels.pop() if len(labels) == 1 else 'group'}"], rows)
 
 
 def guard_events_table(events: list[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@
   routing.py   the ASGI middleware inside that server: API key on every path, public-name routes,
                runtime base checks, readiness
   swap.py      hot swap and rollback through the running server (swap_adapter, rollback_adapter)
-  play.py      `vlrl play`: maze episodes with the openai client, scored like `vlrl eval`
+  play.py      `vlrl play`: the env's episodes with the openai client, scored like `vlrl eval`
 
 Importing this package (and `adapters`, `routing`, `swap`, `server`) needs neither vLLM nor torch;
 `play` needs torch (it shares the evaluation code). How to use it: docs/serving.md.

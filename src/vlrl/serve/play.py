@@ -1,7 +1,7 @@
-"""Play maze episodes against a served model with the official `openai` client, scored like `vlrl eval`.
+"""Play episodes of the config's env against a served model with the official `openai` client, scored like `vlrl eval`.
 
-Each episode is a multi-turn chat: the env's system prompt, then per turn the observation (the
-maze image as a base64 PNG data URL, then the text) and the model's answer, exactly the messages
+Each episode is a multi-turn chat: the env's system prompt, then per turn the observation (its
+images as base64 PNG data URLs, then the text) and the model's answer, exactly the messages
 the offline engine renders with the model's chat template (`vlrl.rollout.sequence.ChatFormat`).
 The server renders the same template, so with greedy decoding served and offline episodes agree.
 What the chat API cannot carry, and how it is matched:
@@ -33,7 +33,7 @@ from typing import Any
 from vlrl.config import RunConfig
 from vlrl.envs.base import Task, make_env, split_version
 from vlrl.errors import VlrlError
-from vlrl.eval.evaluate import EvalResult, task_key
+from vlrl.eval.evaluate import EvalResult, episode_row
 from vlrl.eval.protocol import tasks_hash
 
 CONTEXT_ERRORS = ("maximum context length", "max_model_len", "too long")
@@ -136,7 +136,7 @@ def play_episode(client: Any, model: str, config: RunConfig, task: Task, setting
         messages.append({"role": "user", "content": result.observation.to_content("data_url")})
         turn += 1
     metrics = {**env.episode_metrics(), "truncated": float(truncated), "response_tokens": float(response_tokens)}
-    row = {**metrics, "size": dict(task.params).get("size"), "task_id": task.task_id, "task_key": task_key(task)}
+    row = episode_row(metrics, task)
     trace = {**env.trace(), "served_by": served_by}
     return row, trace
 

@@ -8,8 +8,9 @@
     environment  Python, platform and key library versions (torch, transformers, peft, ray, vllm, mlflow)
     hardware     CPU count, memory, GPU names; the Ray cluster's resources when connected
     model        base model path and fingerprint; the adapter the run starts from, with its own lineage
-    data         env name, generator version, split rule, each split's seed range, count and split_version
-    rewards      the reward configuration (env.rewards + what decides success) and its sha256
+    data         env name, generator version, each split's seed range, count and split_version, and the
+                 env's own facts (the maze: layout, split rule, sizes)
+    rewards      what decides rewards and success (the maze: env.rewards, stop_required, max_turns), sha256
     config       the full resolved config and its sha256
 
 It is written to RUN_DIR/lineage.json at the start (`write_lineage`) and completed at the end
@@ -252,27 +253,15 @@ def model_lineage(config: RunConfig, init_adapter: str | None = None) -> dict[st
     return model
 
 
-def _generator_version(env_name: str) -> str | None:
-    from vlrl.envs.base import env_class
-
-    cls = env_class(env_name)
-    version = getattr(cls, "generator_version", None)
-    if version is None and getattr(cls, "maze_tasks", False):
-        from vlrl.envs.maze.maze import GENERATOR_VERSION
-
-        version = GENERATOR_VERSION
-    return version
-
-
 def data_lineage(env: EnvConfigBase) -> dict[str, Any]:
-    """Env name, generator version and every split's seed range, count, sizes and split_version."""
+    """Env name, generator version and every split's seed range, count and split_version, plus what
+    the env class adds (`data_lineage(config)`: the maze its layout, split rule and each split's sizes)."""
     from vlrl.envs.base import SPLITS, env_class, split_version
 
-    data: dict[str, Any] = {"env": env.name, "generator_version": _generator_version(env.name), "layout": env.layout}
-    if getattr(env_class(env.name), "maze_tasks", False):
-        from vlrl.envs.maze.splits import SPLIT_RULE
-
-        data["split_rule"] = SPLIT_RULE
+    cls = env_class(env.name)
+    extra = dict(cls.data_lineage(env)) if hasattr(cls, "data_lineage") else {}
+    per_split = extra.pop("splits", {})
+    data: dict[str, Any] = {"env": env.name, "generator_version": getattr(cls, "generator_version", None), **extra}
     splits = {}
     for name in SPLITS:
         s = getattr(env, name)
@@ -280,7 +269,7 @@ def data_lineage(env: EnvConfigBase) -> dict[str, Any]:
             "seed_start": s.seed_start,
             "seed_end": s.seed_start + s.count,
             "count": s.count,
-            "sizes": list(s.sizes or env.sizes),
+            **per_split.get(name, {}),
             "version": split_version(env, name),
         }
     data["splits"] = splits
@@ -288,13 +277,18 @@ def data_lineage(env: EnvConfigBase) -> dict[str, Any]:
 
 
 def reward_lineage(env: EnvConfigBase) -> dict[str, Any]:
-    """The reward configuration and its version hash.
+    """The settings that decide rewards and success, and their version hash.
 
-    Besides env.rewards, success (and so the terminal reward) depends on the env's rules:
-    its name, whether `stop` is required and the turn limit, so they are hashed too.
+    The env class says which they are (`reward_spec(config)`; the maze: env.rewards, whether `stop`
+    is required and the turn limit); without one, the whole env section except its splits.
     """
-    spec = {"env": env.name, "rewards": env.rewards.model_dump(mode="json"), "stop_required": env.stop_required,
-            "max_turns": env.max_turns}
+    from vlrl.envs.base import env_class
+
+    cls = env_class(env.name)
+    if hasattr(cls, "reward_spec"):
+        spec = {"env": env.name, **cls.reward_spec(env)}
+    else:
+        spec = {"env": env.name, **env.model_dump(mode="json", exclude={"name", "train", "holdout", "adversarial"})}
     return {**spec, "hash": canonical_hash(spec)}
 
 

@@ -208,7 +208,7 @@ class RunTracker:
     def log_eval(self, step: int, summary: dict[str, Any]) -> None:
         """An evaluation summary (`EvalResult.summary()`) as `eval/<split>/...` metrics and a JSON artifact."""
         split = summary.get("split", "eval")
-        keep = {k: v for k, v in summary.items() if k not in ("step", "by_size", "model", "n_by_size")}
+        keep = {k: v for k, v in summary.items() if k not in ("step", "by_group", "by_size", "model", "n_by_size")}
         self._log_metrics(numeric_metrics(keep, f"eval/{split}/"), step)
         if self.enabled and self.run_id is not None:
             try:

@@ -88,8 +88,7 @@ RESUME_SAFE_KEYS = (
     "tracking",
     "serving",
     "registry",
-    "env.adversarial",  # evaluation only: never trained on, not evaluated during training
-    "env.adversarial_variants",
+    # env.*: what the env's config class lists in `resume_safe_keys` (`env.adversarial`: evaluation only)
     "rollout.engine",
     "rollout.fast_decode",
     "rollout.compile_decode",
@@ -190,9 +189,21 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def is_resume_safe(key: str) -> bool:
-    """True when the dotted config key may change on resume (`RESUME_SAFE_KEYS`)."""
-    return any(key == safe or key.startswith(safe + ".") for safe in RESUME_SAFE_KEYS)
+def _env_resume_safe_keys(env_name: Any) -> tuple[str, ...]:
+    """`env.KEY` for each key the env's config class says a resume may change (none for an unknown env)."""
+    from vlrl.envs.base import env_config_class
+
+    try:
+        return tuple(f"env.{key}" for key in env_config_class(str(env_name)).resume_safe_keys)
+    except VlrlError:
+        return ()
+
+
+def is_resume_safe(key: str, env_name: str | None = None) -> bool:
+    """True when the dotted config key may change on resume (`RESUME_SAFE_KEYS`, and the
+    `resume_safe_keys` of env `env_name`'s config class)."""
+    safe_keys = RESUME_SAFE_KEYS + (_env_resume_safe_keys(env_name) if env_name else ())
+    return any(key == safe or key.startswith(safe + ".") for safe in safe_keys)
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict[str, list], dict[str, list]]:
@@ -202,11 +213,12 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> tuple[dict
     added or removed by another vlrl version) is not compared.
     """
     a, b = _flatten(saved), _flatten(current)
+    env_name = b.get("env.name") if a.get("env.name") == b.get("env.name") else None
     refused: dict[str, list] = {}
     allowed: dict[str, list] = {}
     for key in sorted(a.keys() & b.keys()):
         if a[key] != b[key]:
-            (allowed if is_resume_safe(key) else refused)[key] = [a[key], b[key]]
+            (allowed if is_resume_safe(key, env_name) else refused)[key] = [a[key], b[key]]
     return refused, allowed
 
 
@@ -220,7 +232,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: s
         raise VlrlError(
             f"cannot resume {where}: {', '.join(shown)}{more} differ from the checkpoint's config and would change the run; "
             f"resume with the checkpoint's values, or start a new run (another storage.run_name). "
-            f"A resume may change only: {', '.join(RESUME_SAFE_KEYS)}"
+            f"A resume may change only: {', '.join(RESUME_SAFE_KEYS + _env_resume_safe_keys(current.get('env', {}).get('name')))}"
         )
     return allowed
 

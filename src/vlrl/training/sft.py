@@ -1,8 +1,9 @@
 """SFT warm start: behaviour cloning of the environment's oracle, multi-turn, with LoRA.
 
-Transcripts are played by the oracle (`env.oracle_response()`) on training tasks. With
-`train.sft.noise > 0` a share of turns takes a random action instead, so transcripts also show
-how to recover from a bump; those random turns carry no loss (the model must not clone them).
+Transcripts are played by the oracle (`env.oracle_response()`) turn by turn on training tasks, for
+any env. With `train.sft.noise > 0` a share of turns takes a random response instead
+(`env.random_response(rng)`; the maze: a random move), so transcripts also show how to recover
+from a mistake; those random turns carry no loss (the model must not clone them).
 The loss is the mean negative log-likelihood of the oracle's response tokens. With
 `train.sft.target_loss` the warm start ends once the loss has come down that far: a random tiny
 model learns to see the maze in a sudden drop of the loss whose step varies with the batch order,
@@ -24,10 +25,9 @@ import torch
 
 from vlrl.config import RunConfig
 from vlrl.algo.grpo import token_logprobs
-from vlrl.envs.base import Task, build_split, make_env
+from vlrl.envs.base import Task, build_split, env_class, make_env
+from vlrl.errors import VlrlError
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
-
-RANDOM_ACTIONS = ("up", "down", "left", "right")
 
 
 def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: random.Random) -> MultimodalSequence:
@@ -37,7 +37,7 @@ def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: rand
     tok = chat.tokenizer
     for _ in range(config.env.max_turns):
         noisy = config.train.sft.noise > 0 and rng.random() < config.train.sft.noise
-        text = f"<action>{rng.choice(RANDOM_ACTIONS)}</action>" if noisy else env.oracle_response()
+        text = env.random_response(rng) if noisy else env.oracle_response()
         ids = tok(text, add_special_tokens=False)["input_ids"] + [chat.eos_id]
         if noisy:
             seq.extend(MultimodalSequence(ids, [0] * len(ids), [0.0] * len(ids), [0] * len(ids)))
@@ -117,6 +117,9 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     from vlrl.training.worker import ensure_model
 
     s = config.train.sft
+    if s.noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
+        raise VlrlError(f"train.sft.noise = {s.noise} needs env '{config.env.name}' to give random responses "
+                        "(a random_response(rng) method); set train.sft.noise=0")
     seed_everything(config.train.seed)
     if config.runtime.torch_threads:
         torch.set_num_threads(config.runtime.torch_threads)
@@ -133,7 +136,7 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     rng = random.Random(config.train.seed)
     split = build_split(config.env, "train")
     # SFT reads the END of the training split so that GRPO (which starts at its shuffled
-    # beginning) mostly sees mazes the warm start did not.
+    # beginning) mostly sees tasks the warm start did not.
     tasks = [split[len(split) - 1 - i] for i in range(min(s.episodes, len(split)))]
     transcripts = [oracle_transcript(config, chat, t, rng) for t in tasks]
 

@@ -350,7 +350,7 @@ class GRPOTrainer:
             if split_version(self.config.env, split) != version:
                 raise VlrlError(
                     f"cannot resume from {path}: the {split} split's tasks differ from the checkpoint's "
-                    f"(split version {split_version(self.config.env, split)} vs {version}: another maze generator?)"
+                    f"(split version {split_version(self.config.env, split)} vs {version}: another task generator?)"
                 )
 
     def _split_versions(self) -> dict[str, str]:

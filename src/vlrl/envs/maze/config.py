@@ -6,7 +6,7 @@ registered from a subclass of theirs (they inherit the config class).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -40,6 +40,8 @@ class AdversarialConfig(Section):
 
 
 class MazeEnvConfig(EnvConfigBase):
+    resume_safe_keys: ClassVar[tuple[str, ...]] = ("adversarial", "adversarial_variants")
+
     name: str = Field(
         "maze",
         description="`maze` (multi-turn, one action per turn), `maze_plan` (single turn, whole path), or an env registered from a subclass of theirs.",

@@ -28,12 +28,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from vlrl.envs.maze.config import MazeEnvConfig, RewardConfig
-from vlrl.envs.base import Observation, StepResult, Task, register_env
-from vlrl.envs.maze.maze import MOVES, Maze
+from vlrl.envs.base import SPLITS, Observation, StepResult, Task, register_env
+from vlrl.envs.maze.maze import GENERATOR_VERSION, MOVES, Maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
-from vlrl.envs.maze.render import render
+from vlrl.envs.maze.render import ascii_maze, render
 from vlrl.envs.maze.rewards import turn_reward
-from vlrl.envs.maze.splits import build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap
+from vlrl.envs.maze.splits import (
+    SPLIT_RULE, adhoc_task, build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap,
+)
 from vlrl.errors import VlrlError
 
 TRACE_FORMAT = "vlrl.trace/1"
@@ -102,7 +104,8 @@ class _MazeEpisode:
     name = "maze"
     system_prompt = SYSTEM_PROMPT
     config_class = MazeEnvConfig
-    task_group_label = "size"  # evaluation tables have one row per maze size
+    generator_version = GENERATOR_VERSION
+    task_group_label = "maze size"  # evaluation tables have one row per maze size
 
     def __init__(self, config: MazeEnvConfig, *, render_images: bool = True):
         self.config = config
@@ -128,6 +131,33 @@ class _MazeEpisode:
         """The maze size, e.g. "9x9": evaluation tables report success per size."""
         size = task.params.get("size")
         return f"{size}x{size}" if size is not None else "?"
+
+    @classmethod
+    def data_lineage(cls, config: MazeEnvConfig) -> dict[str, Any]:
+        """What a run's lineage records about the maze data besides seeds: layout, split rule, sizes."""
+        return {"layout": config.layout, "split_rule": SPLIT_RULE,
+                "splits": {split: {"sizes": list(getattr(config, split).sizes or config.sizes)} for split in SPLITS}}
+
+    @classmethod
+    def reward_spec(cls, config: MazeEnvConfig) -> dict[str, Any]:
+        """What decides rewards and success: the reward terms, `stop_required` and the turn limit."""
+        return {"rewards": config.rewards.model_dump(mode="json"), "stop_required": config.stop_required,
+                "max_turns": config.max_turns}
+
+    @classmethod
+    def adhoc_task(cls, config: MazeEnvConfig, seed: int) -> Task:
+        """A maze outside any split (`vlrl env render/play --seed`): the first of env.sizes, the
+        config's layout and placement, the default theme."""
+        return adhoc_task(config.sizes[0], seed, env=cls.name, placement=config.placement,
+                          min_distance=config.min_distance, layout=config.layout)
+
+    @classmethod
+    def describe_task(cls, task: Task) -> dict[str, str]:
+        """Columns of `vlrl env split`: variant, start, goal and the shortest path's moves."""
+        maze = maze_for_task(task)
+        moves = distances_to(maze, maze.goal)[maze.start[0]][maze.start[1]]
+        return {"variant": str(task.params.get("variant", "-")), "start": str(list(maze.start)),
+                "goal": str(list(maze.goal)), "moves": str(moves)}
 
     @classmethod
     def train_overlap(cls, config: MazeEnvConfig, tasks: list[Task]) -> list[Task]:
@@ -177,6 +207,16 @@ class _MazeEpisode:
         """Turns of optimal play from the start."""
         d = self.dist[self.maze.start[0]][self.maze.start[1]]
         return d + (1 if self.config.stop_required else 0)
+
+    def render_text(self) -> str:
+        """The maze as text with the agent on it, for `vlrl env play` in a terminal."""
+        self._check_started("render_text")
+        return ascii_maze(self.maze, self.pos)
+
+    def random_response(self, rng) -> str:
+        """`<action>X</action>` with a random move: SFT noise, so transcripts show recovering from a bump
+        (the plan variant reads it as an invalid answer)."""
+        return f"<action>{rng.choice(MOVES)}</action>"
 
     def episode_metrics(self) -> dict[str, float]:
         """success, turns, invalid_actions, wall_bumps, optimal_turns, return, final_distance, solvable."""
@@ -311,6 +351,10 @@ class MazeEnv(_MazeEpisode):
         observation = None if self.done else Observation(self._images(), feedback)
         return StepResult(observation, reward, self.done, info)
 
+    def format_response(self, text: str) -> str:
+        """A typed move as a response: `right` -> `<action>right</action>` (tagged text is kept)."""
+        return text if "<action>" in text.lower() else f"<action>{text}</action>"
+
     def oracle_response(self) -> str:
         """`<action>X</action>` with the move towards the goal, or stop on it."""
         self._check_started("oracle_response")
@@ -373,6 +417,10 @@ class MazePlanEnv(_MazeEpisode):
             "distance": self._distance(), "turn": 1, "truncated": False,
         }
         return StepResult(None, reward, True, info)
+
+    def format_response(self, text: str) -> str:
+        """A typed path as a response: `right down` -> `<answer>right down</answer>` (tagged text is kept)."""
+        return text if "<answer>" in text.lower() else f"<answer>{text}</answer>"
 
     def oracle_response(self) -> str:
         """`<answer>...</answer>` with the shortest path from the start."""
