@@ -410,7 +410,7 @@ def describe_screen(app: App, state: AppState) -> str:
         elif w.kind == "tab":
             shown = "(shown)" if w.target == state.screen else ""
         else:
-            shown = ("highlighted " if w.style == "accent" else "") + ("pressed" if w.id in state.pressed else "")
-        x0, y0, x1, y1 = w.box
-        lines.append(f"  {w.kind:9s} {w.label!r:14s} {shown:16s} box ({x0},{y0})-({x1},{y1}) centre {w.centre()}")
+            shown = " ".join(word for word, on in (("highlighted", w.style == "accent"), ("pressed", w.id in state.pressed)) if on)
+        cx, cy = w.centre()
+        lines.append(f"  {w.kind} {w.label!r} {shown} box {list(w.box)} centre ({cx}, {cy})".replace("  box", " box"))
     return "\n".join(lines)

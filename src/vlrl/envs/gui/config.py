@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -60,6 +60,8 @@ class GuiAdversarialConfig(Section):
 
 
 class GuiEnvConfig(EnvConfigBase):
+    resume_safe_keys: ClassVar[tuple[str, ...]] = ("adversarial", "adversarial_variants")  # evaluation only
+
     name: Literal["gui"] = Field("gui", description="The GUI env: procedurally generated app screens, controlled by clicks and typing.")
     levels: list[int] = Field(
         default_factory=lambda: [1],
