@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 
 import pytest
 
+from vlrl.config import load_config
 from vlrl.envs.base import build_split, make_env, split_version
 from vlrl.envs.gui.actions import Action
 from vlrl.envs.gui.app import AppState, click, goal_holds, type_text
@@ -98,6 +100,18 @@ def test_splits_are_disjoint_by_layout():
     assert {t.params["level"] for t in adv} == {1, 2, 3, 4}
     moved = next(t for t in adv if t.params["moved"])
     assert app_for_task(moved).layout_hash() != generate_app(moved.params["level"], 160, 160, moved.seed, attempt=moved.params["attempt"]).layout_hash()
+
+
+def test_shipped_config_holds_out_whole_layouts():
+    env = load_config(Path(__file__).resolve().parents[3] / "configs" / "gui-cpu.yaml").env
+    train = build_split(env, "train")
+    train_layouts = {app_for_task(train[i]).layout_hash() for i in range(3000)}
+    for name in ("holdout", "adversarial"):
+        tasks = list(build_split(env, name))
+        assert len(tasks) == getattr(env, name).count and train_overlap(tasks) == []
+        apps = [app_for_task(t) for t in tasks]
+        assert len({(a.content_hash(), t.params["theme"]) for a, t in zip(apps, tasks)}) == len(tasks)
+        assert not {a.layout_hash() for a in apps} & train_layouts
 
 
 def test_held_out_tasks_are_distinct_and_splits_deterministic():

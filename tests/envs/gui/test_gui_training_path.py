@@ -41,14 +41,7 @@ def test_sft_transcripts_clone_the_gui_oracle(gui_worker):
     task = build_split(config.env, "train")[3]
     seq = oracle_transcript(config, gui_worker.chat, task, random.Random(0))
     tok = gui_worker.processor.tokenizer
-    spans, cur = [], []
-    for t, m in zip(seq.token_ids, seq.loss_mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            spans.append(cur)
-            cur = []
-    spans.append(cur) if cur else None
-    texts = [tok.decode(s, skip_special_tokens=True) for s in spans]
+    texts = [tok.decode(seq.token_ids[a:b], skip_special_tokens=True) for a, b in seq.response_spans]
+    assert sum(seq.loss_mask) == sum(b - a for a, b in seq.response_spans)  # the oracle's turns carry the loss
     assert len(texts) == 1 and texts[0].startswith("<action>click(") and texts[0].endswith(")</action>")  # level 1: one click
     assert len(seq.images) == 1

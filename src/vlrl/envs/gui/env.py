@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
-
 from vlrl.envs.base import Observation, StepResult, Task, register_env
 from vlrl.envs.gui.actions import format_action, parse_action
 from vlrl.envs.gui.app import App, AppState, Widget, click, describe_screen, goal_holds, instruction, subgoal_potential, type_text
@@ -31,6 +29,7 @@ from vlrl.envs.gui.generate import GENERATOR_VERSION
 from vlrl.envs.gui.oracle import optimal_turns, plan
 from vlrl.envs.gui.render import render
 from vlrl.envs.gui.rewards import turn_reward
+from vlrl.envs.replay import check_trace, replay_responses, settings_config
 from vlrl.envs.gui.splits import SPLIT_RULE, Split, adhoc_task, app_for_task, gui_split_version, train_overlap
 from vlrl.errors import VlrlError
 
@@ -301,31 +300,7 @@ class GuiEnv:
         Returns {"success", "return", "turns", "matches", "problems"}: the replayed outcome, and
         the list of differences from what the trace records (empty when it is consistent).
         """
-        for key in ("format", "task", "app", "settings", "turns", "success", "return"):
-            if key not in trace:
-                raise VlrlError(f"trace lacks '{key}'")
-        if trace["format"] != TRACE_FORMAT:
-            raise VlrlError(f"trace format is {trace['format']!r}; this version reads {TRACE_FORMAT!r}")
-        settings = trace["settings"]
-        try:
-            config = GuiEnvConfig(max_turns=settings["max_turns"], stop_required=settings["stop_required"], rewards=settings["rewards"])
-        except (ValidationError, KeyError, TypeError) as exc:
-            raise VlrlError(f"trace settings are invalid ({str(exc).splitlines()[0]})") from None
-        env = cls(config, render_images=False)
+        check_trace(trace, TRACE_FORMAT, "app")
+        env = cls(settings_config(cls.config_class, cls.name, trace["settings"]), render_images=False)
         env.start(Task.from_json(trace["task"]), App.from_json(trace["app"]))
-        problems: list[str] = []
-        for i, recorded in enumerate(trace["turns"], start=1):
-            if env.done:
-                problems.append(f"turn {i} is recorded after the episode ended")
-                break
-            env.step(str(recorded.get("response", "")))
-            for key, value in env.turns[-1].items():
-                want = recorded.get(key)
-                same = abs(float(want) - value) < 1e-9 if key == "reward" and isinstance(want, (int, float)) else want == value
-                if not same:
-                    problems.append(f"turn {i}: {key} is {want!r} in the trace but {value!r} on replay")
-        if env.success != trace["success"]:
-            problems.append(f"success is {trace['success']!r} in the trace but {env.success!r} on replay")
-        if not isinstance(trace["return"], (int, float)) or abs(trace["return"] - env.episode_return) > 1e-9:
-            problems.append(f"return is {trace['return']!r} in the trace but {env.episode_return!r} on replay")
-        return {"success": env.success, "return": env.episode_return, "turns": len(env.turns), "matches": not problems, "problems": problems}
+        return replay_responses(env, trace)
