@@ -69,7 +69,8 @@ PROMPT_TEXTS: list[str] = [
 ]
 
 
-def _effect_feedback(app: App, state: AppState, widget: Widget, effect: str) -> str:
+def _effect_feedback(state: AppState, widget: Widget, effect: str) -> str:
+    """The feedback text of a click on `widget` whose effect was `effect` (state after the click)."""
     label = widget.label
     if effect == "flip":
         return FLIP_FEEDBACK[(widget.kind, bool(state.values[widget.id]))].format(label=label)
@@ -217,7 +218,7 @@ class GuiEnv:
                 feedback = MISS_FEEDBACK.format(x=action.x, y=action.y)
             else:
                 effect, widget_id = click(app, state, widget), widget.id
-                feedback = _effect_feedback(app, state, widget, effect)
+                feedback = _effect_feedback(state, widget, effect)
         self.invalid_actions += int(invalid)
         self.misclicks += int(misclick)
         if not self.done and not cfg.stop_required and goal_holds(app, state):

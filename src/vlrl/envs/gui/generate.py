@@ -211,7 +211,7 @@ def _level4(rng: Rng, width: int, height: int, n: int) -> tuple[str, list[Screen
     labels = {"toggle": rng.sample(CONTROL_LABELS, count * len(names)), "textfield": rng.sample(FIELD_LABELS, count * len(names))}
     labels["checkbox"] = labels["toggle"]
     screens = []
-    for s, name in enumerate(names):
+    for name in names:
         tabs = [Widget(ids(), "tab", tab, (MARGIN + i * tab_w, GRID, MARGIN + (i + 1) * tab_w, 2 * GRID), target=i)
                 for i, tab in enumerate(names)]
         kinds = [rng.choice(("toggle", "checkbox", "textfield")) for _ in range(count)]
