@@ -173,3 +173,52 @@ def test_the_env_commands_and_eval_tables_work_for_the_toy_env():
     table = group_table([result])
     assert table.title == "per level" and [c.header for c in table.columns][2] == "level"
     assert results_table([result]).columns[-1].header == "by level"
+
+
+def test_sft_transcripts_come_from_the_toy_envs_oracle(ci_model_dir, tmp_path):
+    import random
+
+    from vlrl.models.processor import load_processor
+    from vlrl.rollout.sequence import ChatFormat
+    from vlrl.training.sft import oracle_transcript, run_sft
+
+    cfg = load_config(None, ["env.name=toy_counter", "env.target=2"])
+    chat = ChatFormat(load_processor(ci_model_dir))
+    task = CounterEnv.build_split(cfg.env, "train")[0]
+    seq = oracle_transcript(cfg, chat, task, random.Random(0))
+    learned = chat.tokenizer.decode([t for t, m in zip(seq.token_ids, seq.loss_mask) if m])
+    assert learned.replace(chat.tokenizer.decode([chat.eos_id]), " ").split() == ["more", "more", "done"]
+    # noise needs the env's random responses: refused in one line before anything is written
+    noisy = load_config(None, ["env.name=toy_counter", "train.sft.noise=0.5", f"model.path={ci_model_dir}"])
+    with pytest.raises(VlrlError, match="needs env 'toy_counter' to give random responses"):
+        run_sft(noisy, tmp_path / "sft")
+    assert not (tmp_path / "sft").exists()
+
+
+def test_a_plugin_registers_through_the_vlrl_envs_entry_point(tmp_path):
+    """An installed package's `vlrl.envs` entry point is loaded on the first registry lookup."""
+    import os
+
+    (tmp_path / "plug_env.py").write_text(
+        "from typing import Literal\n"
+        "from vlrl.envs.base import register_env\n"
+        "from vlrl.envs.config import EnvConfigBase\n"
+        "class PlugConfig(EnvConfigBase):\n"
+        "    name: Literal['plug'] = 'plug'\n"
+        "    level: int = 1\n"
+        "@register_env('plug', config=PlugConfig)\n"
+        "class PlugEnv:\n"
+        "    pass\n"
+    )
+    dist = tmp_path / "plug_env-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: plug-env\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[vlrl.envs]\nplug = plug_env\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    code = "from vlrl.config import load_config; c = load_config(None, ['env.name=plug', 'env.level=3']); print(type(c.env).__name__, c.env.level)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.stdout.strip() == "PlugConfig 3", run.stderr
+    (tmp_path / "plug_env.py").write_text("raise RuntimeError('broken plug-in')\n")
+    code = "from vlrl.envs.base import registered_envs\ntry:\n    registered_envs()\nexcept Exception as exc:\n    print(exc)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.stdout.strip() == "env plug-in 'plug' (plug_env) failed to load: broken plug-in", run.stderr

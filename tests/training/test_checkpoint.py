@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from vlrl.config import load_config
 from vlrl.errors import VlrlError
 from vlrl.runtime import distributed
-from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, verify
+from vlrl.training.checkpoint import CheckpointStore, check_resume_config, config_changes, find_checkpoint, read_checkpoint, verify
 from vlrl.training.trainer import GRPOTrainer
 from run_compare import same, step_numbers
 
@@ -179,6 +179,19 @@ def test_config_changes_that_change_the_run_are_refused_by_name(straight, ci_mod
         "storage.run_name=again", "runtime.backend=local",
     ])
     assert isinstance(result.exception, VlrlError) and "--resume auto" in str(result.exception)
+
+
+def test_the_env_config_class_says_which_env_keys_a_resume_may_change():
+    from vlrl.config import load_config
+
+    saved = load_config(None).model_dump(mode="json")
+    current = load_config(None, ["env.adversarial_variants.themes=[dark]", "env.adversarial.count=10", "env.sizes=[7]"])
+    refused, allowed = config_changes(saved, current.model_dump(mode="json"))
+    assert set(allowed) == {"env.adversarial_variants.themes", "env.adversarial.count"} and set(refused) == {"env.sizes"}
+    # another env: its name differs, so none of the env keys counts as safe
+    other = load_config(None, ["env.name=maze_plan", "env.adversarial.count=10"]).model_dump(mode="json")
+    refused, allowed = config_changes(saved, other)
+    assert set(refused) == {"env.name", "env.adversarial.count"} and not allowed
 
 
 def test_allowed_config_change_resumes_and_is_recorded(straight, ci_model_dir, tmp_path):

@@ -12,9 +12,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from vlrl.envs.base import Task
 from vlrl.errors import VlrlError
 
 TRACE_KEYS = ("format", "task", "settings", "turns", "success", "return")
+
+
+def replay_env_trace(cls: type, trace: dict[str, Any], trace_format: str, content_key: str, read_content) -> dict[str, Any]:
+    """Replay `trace` with env class `cls`: check it, rebuild the config from its settings, start
+    `cls.start(task, read_content(trace[content_key]))` (images off) and compare every turn.
+
+    Returns `replay_responses`' report: {"success", "return", "turns", "matches", "problems"}.
+    """
+    check_trace(trace, trace_format, content_key)
+    env = cls(settings_config(cls.config_class, cls.name, trace["settings"]), render_images=False)
+    env.start(Task.from_json(trace["task"]), read_content(trace[content_key]))
+    return replay_responses(env, trace)
 
 
 def check_trace(trace: dict[str, Any], trace_format: str, content_key: str) -> None:

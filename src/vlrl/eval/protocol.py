@@ -125,12 +125,13 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     from vlrl.models.processor import load_processor
     from vlrl.rollout.hf_engine import TransformersEngine
     from vlrl.rollout.sequence import ChatFormat
-    from vlrl.training.worker import ensure_model
+    from vlrl.training.worker import ensure_model, worker_device
 
     model_dir = ensure_model(config)
     processor = load_processor(model_dir)
     chat = ChatFormat(processor)
-    model = load_policy_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation)
+    model = load_policy_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation,
+                              device=worker_device(config))
     if adapter_dir:
         model = load_adapter(model, adapter_dir)
     tok = processor.tokenizer

@@ -29,7 +29,7 @@ from vlrl.envs.gui.generate import GENERATOR_VERSION
 from vlrl.envs.gui.oracle import optimal_turns, plan
 from vlrl.envs.gui.render import render
 from vlrl.envs.gui.rewards import turn_reward
-from vlrl.envs.replay import check_trace, replay_responses, settings_config
+from vlrl.envs.replay import replay_env_trace
 from vlrl.envs.gui.splits import SPLIT_RULE, Split, adhoc_task, app_for_task, gui_split_version, train_overlap
 from vlrl.errors import VlrlError
 
@@ -301,7 +301,4 @@ class GuiEnv:
         Returns {"success", "return", "turns", "matches", "problems"}: the replayed outcome, and
         the list of differences from what the trace records (empty when it is consistent).
         """
-        check_trace(trace, TRACE_FORMAT, "app")
-        env = cls(settings_config(cls.config_class, cls.name, trace["settings"]), render_images=False)
-        env.start(Task.from_json(trace["task"]), App.from_json(trace["app"]))
-        return replay_responses(env, trace)
+        return replay_env_trace(cls, trace, TRACE_FORMAT, "app", App.from_json)

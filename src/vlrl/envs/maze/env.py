@@ -34,7 +34,7 @@ from vlrl.envs.maze.rewards import turn_reward
 from vlrl.envs.maze.splits import (
     SPLIT_RULE, adhoc_task, build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap,
 )
-from vlrl.envs.replay import check_trace, replay_responses, settings_config
+from vlrl.envs.replay import replay_env_trace
 from vlrl.errors import VlrlError
 
 TRACE_FORMAT = "vlrl.trace/1"
@@ -257,10 +257,7 @@ class _MazeEpisode:
         Returns {"success", "return", "turns", "matches", "problems"}: the replayed outcome, and
         the list of differences from what the trace records (empty when it is consistent).
         """
-        check_trace(trace, TRACE_FORMAT, "maze")
-        env = cls(settings_config(cls.config_class, cls.name, trace["settings"]), render_images=False)
-        env.start(Task.from_json(trace["task"]), Maze.from_json(trace["maze"]))
-        return replay_responses(env, trace)
+        return replay_env_trace(cls, trace, TRACE_FORMAT, "maze", Maze.from_json)
 
 
 @register_env("maze", config=MazeEnvConfig)
