@@ -70,7 +70,7 @@ class GuiEnvConfig(EnvConfigBase):
     width: int = Field(128, description="Screenshot width in pixels (multiple of 16; level minimums: 1: 48, 2-3: 128, 4: 160).")
     height: int = Field(128, description="Screenshot height in pixels (multiple of 16; level minimums: 1: 48, 2-3: 96, 4: 128).")
     distractors: tuple[int, int] = Field(
-        (2, 4), description="[min, max] widgets besides the targets (level 1: other buttons; 2-4: other controls per screen, as many as fit)."
+        (2, 4), description="The fewest and most widgets besides the targets, as (min, max) (level 1: other buttons; 2-4: other controls per screen; as many as fit)."
     )
     theme: str = Field("light", description=f"Colour theme of training and holdout screens: {', '.join(THEMES)}.")
     max_turns: int = Field(8, ge=1, le=64, description="Episode length limit in model turns.")
