@@ -10,11 +10,12 @@ import pytest
 from vlrl.config import load_config
 from vlrl.envs.base import build_split, make_env, split_version
 from vlrl.envs.gui.actions import Action
-from vlrl.envs.gui.app import AppState, click, goal_holds, type_text
+from vlrl.envs.gui.app import App, AppState, click, goal_holds, type_text
 from vlrl.envs.gui.config import GuiEnvConfig
 from vlrl.envs.gui.generate import apply_moved, generate_app
 from vlrl.envs.gui.oracle import plan
 from vlrl.envs.gui.splits import app_for_task, layout_split, train_overlap
+from vlrl.errors import VlrlError
 
 
 def _key(state: AppState):
@@ -127,3 +128,35 @@ def test_held_out_tasks_are_distinct_and_splits_deterministic():
 def test_moved_variant_is_off_grid():
     app = apply_moved(generate_app(1, 96, 96, 3), 3)
     assert any(w.box[0] % 16 or w.box[1] % 16 for w in app.screens[0].widgets)
+
+
+def _hand_written(tabs_back: bool, save_on_second: bool) -> dict:
+    """Two screens: `Home` (a tab to `More`, Save) and `More` (a toggle; a tab back if `tabs_back`)."""
+    more = [{"id": "t", "kind": "toggle", "label": "Sync", "box": [8, 40, 120, 56], "value": False}]
+    if tabs_back:
+        more.append({"id": "back", "kind": "tab", "label": "Home", "box": [8, 16, 60, 32], "target": 0})
+    if save_on_second:
+        more.append({"id": "save2", "kind": "button", "label": "Save", "box": [70, 100, 120, 116], "action": "save", "style": "accent"})
+    home = [{"id": "go", "kind": "tab", "label": "More", "box": [60, 16, 120, 32], "target": 1},
+            {"id": "save", "kind": "button", "label": "Save", "box": [70, 100, 120, 116], "action": "save", "style": "accent"}]
+    return {"format": "vlrl.gui.app/1", "generator": "hand", "level": 4, "seed": 0, "variant": "none", "width": 128,
+            "height": 128, "title": "Hand", "start_screen": 0, "goal": {"set": {"t": True}},
+            "screens": [{"name": "Home", "widgets": home}, {"name": "More", "widgets": more}]}
+
+
+def test_oracle_follows_tabs_back_to_save_in_hand_written_apps():
+    app = App.from_json(_hand_written(tabs_back=True, save_on_second=False))
+    state = AppState.initial(app)
+    actions = plan(app, state, stop_required=False)
+    assert [a.kind for a in actions] == ["click"] * 4 and len(actions) == bfs_distance(app, state)  # More, Sync, Home, Save
+    dead_end = App.from_json(_hand_written(tabs_back=False, save_on_second=False))  # valid JSON, but no way back to Save
+    state = AppState.initial(dead_end)
+    click(dead_end, state, dead_end.widget("go"))
+    assert plan(dead_end, state) == [Action("stop")]
+
+
+def test_a_goal_the_tabs_cannot_reach_is_refused():
+    data = _hand_written(tabs_back=True, save_on_second=True)
+    data["screens"][0]["widgets"] = data["screens"][0]["widgets"][1:]  # no tab from Home to More
+    with pytest.raises(VlrlError, match="no tabs lead from the start screen to 't'"):
+        App.from_json(data)

@@ -152,8 +152,19 @@ class App:
     def buttons(self, screen: int, action: str) -> list[Widget]:
         return [w for w in self.screens[screen].widgets if w.kind == "button" and w.action == action]
 
-    def tab_to(self, screen: int, target: int) -> Widget | None:
-        return next((w for w in self.screens[screen].widgets if w.kind == "tab" and w.target == target), None)
+    def route(self, screen: int, target: int) -> list[Widget] | None:
+        """The fewest tabs to click to get from `screen` to `target` ([] when there), None if unreachable."""
+        paths: dict[int, list[Widget]] = {screen: []}
+        frontier = [screen]
+        while frontier and target not in paths:
+            nxt = []
+            for s in frontier:
+                for w in self.screens[s].widgets:
+                    if w.kind == "tab" and w.target not in paths:
+                        paths[w.target] = paths[s] + [w]  # type: ignore[index]
+                        nxt.append(w.target)
+            frontier = nxt
+        return paths.get(target)
 
     # -- identity ----------------------------------------------------------------------------
     def layout_json(self) -> dict[str, Any]:
@@ -275,6 +286,7 @@ def check_app(app: App) -> None:
                 _check(a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1],
                        f"widgets {other.id!r} and {w.id!r} on screen {s} overlap")
     _check(0 <= app.start_screen < len(app.screens), f"start_screen {app.start_screen} is not a screen")
+    reachable = {s for s in range(len(app.screens)) if app.route(app.start_screen, s) is not None}
     goal = app.goal
     _check(isinstance(goal, dict) and len(goal) == 1 and set(goal) <= {"press", "set"},
            f"'goal' must be {{\"press\": ID}} or {{\"set\": {{ID: value, ...}}}}, got {goal!r}")
@@ -282,6 +294,7 @@ def check_app(app: App) -> None:
         target = goal["press"]
         _check(target in seen and app.widget(target).kind == "button" and app.widget(target).action == "press",
                f"goal: press target {target!r} is not a plain (action press) button")
+        _check(app.screen_of(target) in reachable, f"goal: no tabs lead from the start screen to {target!r}")
         return
     changes = goal["set"]
     _check(isinstance(changes, dict) and changes, "goal: 'set' must be a non-empty object {ID: value}")
@@ -290,7 +303,8 @@ def check_app(app: App) -> None:
         kind = app.widget(wid).kind
         ok = isinstance(value, bool) if kind != "textfield" else isinstance(value, str) and len(value) <= MAX_TEXT
         _check(ok, f"goal: value {value!r} does not fit the {kind} {wid!r}")
-    _check(any(app.buttons(s, "save") for s in range(len(app.screens))), "goal: a 'set' goal needs a save button")
+        _check(app.screen_of(wid) in reachable, f"goal: no tabs lead from the start screen to {wid!r}")
+    _check(any(app.buttons(s, "save") for s in reachable), "goal: a 'set' goal needs a save button on a screen the tabs reach")
 
 
 # ---------------------------------------------------------------------------------------------

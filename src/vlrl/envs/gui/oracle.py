@@ -8,9 +8,12 @@ saved state already is the target. Cancel (one click) puts every field back to t
 initial values; the oracle takes it when that makes the rest shorter. So the plan is a shortest
 one: each pending field, screen change and Save is needed, and nothing else is done. For a
 `press` goal it is one click on the target (none once pressed; a wrong press cannot be undone
-and the plan is then just to stop). `stop` ends the plan when the env requires it.
+and the plan is then just to stop, as it is whenever the goal cannot be reached any more). `stop` ends the plan when the env requires it.
 
-Clicks go to a widget's box centre (`Widget.centre`).
+Clicks go to a widget's box centre (`Widget.centre`). Generated apps have a tab to every screen on
+every screen; a hand-written app may link its screens otherwise, and the oracle then follows the
+fewest tabs to each screen in turn (`App.route`): a valid plan, shortest per screen visited but
+not necessarily overall.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ def _click(widget: Widget) -> Action:
     return Action("click", x, y)
 
 
-def _fix_fields(app: App, state: AppState) -> list[Action]:
-    """Set every field to its target value and save; no stop."""
+def _fix_fields(app: App, state: AppState) -> list[Action] | None:
+    """Set every field to its target value and save; no stop. None when the tabs cannot get there
+    (a hand-written app whose screens do not all link back)."""
     wanted = app.target_values()
     pending = [w for w in app.fields() if state.values[w.id] != wanted[w.id]]
     if not pending and state.saved == wanted:
@@ -35,7 +39,10 @@ def _fix_fields(app: App, state: AppState) -> list[Action]:
     screen, focus = state.screen, state.focus
     for s in screens:
         if s != screen:
-            actions.append(_click(app.tab_to(screen, s)))  # type: ignore[arg-type]
+            route = app.route(screen, s)
+            if route is None:
+                return None
+            actions += [_click(tab) for tab in route]
             screen, focus = s, None
         for w in (w for w in pending if app.screen_of(w.id) == s):
             if w.kind == "textfield":
@@ -45,6 +52,13 @@ def _fix_fields(app: App, state: AppState) -> list[Action]:
                 focus = w.id
             else:
                 actions.append(_click(w))
+    if not app.buttons(screen, "save"):  # hand-written apps: go to the nearest screen with Save
+        routes = [r for s in range(len(app.screens)) if app.buttons(s, "save") and (r := app.route(screen, s)) is not None]
+        if not routes:
+            return None
+        route = min(routes, key=len)
+        actions += [_click(tab) for tab in route]
+        screen = route[-1].target  # type: ignore[assignment]
     actions.append(_click(app.buttons(screen, "save")[0]))
     return actions
 
@@ -57,17 +71,23 @@ def plan(app: App, state: AppState, stop_required: bool = True) -> list[Action]:
     if "press" in app.goal:
         if state.pressed:  # a wrong press cannot be undone
             return [Action("stop")]
-        return [_click(app.widget(app.goal["press"]))] + stop
-    best = _fix_fields(app, state)
+        target = app.goal["press"]
+        route = app.route(state.screen, app.screen_of(target))
+        if route is None:
+            return [Action("stop")]
+        return [_click(tab) for tab in route] + [_click(app.widget(target))] + stop
+    candidates = [_fix_fields(app, state)]
     cancel = app.buttons(state.screen, "cancel")
     if cancel:
         after = state.copy()
         after.values = dict(state.saved if state.saved is not None else app.initial_values())
         after.focus = None
-        via_cancel = [_click(cancel[0])] + _fix_fields(app, after)
-        if len(via_cancel) < len(best):
-            best = via_cancel
-    return best + stop
+        rest = _fix_fields(app, after)
+        candidates.append(None if rest is None else [_click(cancel[0])] + rest)
+    plans = [c for c in candidates if c is not None]
+    if not plans:  # the goal cannot be reached from here
+        return [Action("stop")]
+    return min(plans, key=len) + stop
 
 
 def optimal_turns(app: App, stop_required: bool = True) -> int:
