@@ -168,13 +168,10 @@ class GuiEnv:
         return Observation(self._images(), text)
 
     def _images(self) -> list:
-        if not self.render_images:
-            return []
-        theme = self.task.params.get("theme", "light")
-        return [render(self.app, self.state, theme, self.task.seed if theme == "noise" else None)]
+        return [self.screenshot()] if self.render_images else []
 
     def screenshot(self):
-        """The current screenshot (also when images are off for the episode)."""
+        """The current screenshot, in the task's theme (also when images are off for the episode)."""
         self._check_started("screenshot")
         theme = self.task.params.get("theme", "light")
         return render(self.app, self.state, theme, self.task.seed if theme == "noise" else None)
