@@ -1,4 +1,4 @@
-"""Replaying a recorded episode, the parts every env's `replay_trace` shares.
+"""Episode traces, the parts every env shares: writing one (`episode_trace`) and replaying one.
 
 A trace is re-checked from its own content: the env is rebuilt from the trace's settings
 (`settings_config`), started on the trace's task content (the env's part), then stepped through the
@@ -16,6 +16,25 @@ from vlrl.envs.base import Task
 from vlrl.errors import VlrlError
 
 TRACE_KEYS = ("format", "task", "settings", "turns", "success", "return")
+
+
+def episode_trace(env: Any, trace_format: str, content_key: str, content: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """The trace of `env`'s episode: format, env, task, its content (e.g. "maze": the maze JSON),
+    the settings that decide rewards (max_turns, stop_required, rewards), the turns, `extra`, and
+    the outcome (done, success, return)."""
+    config = env.config
+    return {
+        "format": trace_format,
+        "env": env.name,
+        "task": env.task.to_json(),
+        content_key: content,
+        "settings": {"max_turns": config.max_turns, "stop_required": config.stop_required, "rewards": config.rewards.model_dump()},
+        "turns": [dict(t) for t in env.turns],
+        **extra,
+        "done": env.done,
+        "success": env.success,
+        "return": env.episode_return,
+    }
 
 
 def replay_env_trace(cls: type, trace: dict[str, Any], trace_format: str, content_key: str, read_content) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from vlrl.envs.gui.generate import GENERATOR_VERSION
 from vlrl.envs.gui.oracle import optimal_turns, plan
 from vlrl.envs.gui.render import render
 from vlrl.envs.gui.rewards import turn_reward
-from vlrl.envs.replay import replay_env_trace
+from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.envs.gui.splits import SPLIT_RULE, Split, adhoc_task, app_for_task, gui_split_version, train_overlap
 from vlrl.errors import VlrlError
 
@@ -274,22 +274,7 @@ class GuiEnv:
     def trace(self) -> dict[str, Any]:
         """The episode as JSON (format `vlrl.gui.trace/1`, see docs/gui.md)."""
         self._check_started("trace")
-        return {
-            "format": TRACE_FORMAT,
-            "env": "gui",
-            "task": self.task.to_json(),
-            "app": self.app.to_json(),
-            "settings": {
-                "max_turns": self.config.max_turns,
-                "stop_required": self.config.stop_required,
-                "rewards": self.config.rewards.model_dump(),
-            },
-            "turns": [dict(t) for t in self.turns],
-            "state": self.state.to_json(),
-            "done": self.done,
-            "success": self.success,
-            "return": self.episode_return,
-        }
+        return episode_trace(self, TRACE_FORMAT, "app", self.app.to_json(), state=self.state.to_json())
 
     @classmethod
     def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from vlrl.envs.maze.rewards import turn_reward
 from vlrl.envs.maze.splits import (
     SPLIT_RULE, adhoc_task, build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap,
 )
-from vlrl.envs.replay import replay_env_trace
+from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.errors import VlrlError
 
 TRACE_FORMAT = "vlrl.trace/1"
@@ -234,21 +234,7 @@ class _MazeEpisode:
     def trace(self) -> dict[str, Any]:
         """The episode as JSON (format `vlrl.trace/1`, see docs/maze.md)."""
         self._check_started("trace")
-        return {
-            "format": TRACE_FORMAT,
-            "env": self.name,
-            "task": self.task.to_json(),
-            "maze": self.maze.to_json(),
-            "settings": {
-                "max_turns": self.config.max_turns,
-                "stop_required": self.config.stop_required,
-                "rewards": self.config.rewards.model_dump(),
-            },
-            "turns": [dict(t) for t in self.turns],
-            "done": self.done,
-            "success": self.success,
-            "return": self.episode_return,
-        }
+        return episode_trace(self, TRACE_FORMAT, "maze", self.maze.to_json())
 
     @classmethod
     def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:
