@@ -132,7 +132,7 @@ def test_register_env_checks_the_config_class():
     assert "toy_no_config" not in registered_envs() and "toy_other" not in registered_envs()
 
 
-def test_every_env_field_is_documented_and_shown():
+def test_every_env_field_is_documented_and_shown(tmp_path):
     for name in registered_envs():
         rows = describe_fields(env=name)
         undocumented = [key for key, _, _, doc in rows if not doc.strip()]
@@ -143,6 +143,10 @@ def test_every_env_field_is_documented_and_shown():
     runner = CliRunner()
     shown = runner.invoke(app, ["config", "show", "--doc", "--env", "toy_counter"], terminal_width=300)
     assert shown.exit_code == 0 and "env.target" in shown.output and "env.sizes" not in shown.output
+    toy = tmp_path / "toy.yaml"
+    toy.write_text("env: {name: toy_counter}\n")
+    of_file = runner.invoke(app, ["config", "show", "--doc", str(toy)], terminal_width=300)
+    assert of_file.exit_code == 0 and "env.levels" in of_file.output and "env.sizes" not in of_file.output
     bad = runner.invoke(app, ["config", "show", "--doc", "--env", "toy_countr"])
     assert bad.exit_code != 0 and "did you mean 'toy_counter'" in str(bad.exception)
 
@@ -222,3 +226,16 @@ def test_a_plugin_registers_through_the_vlrl_envs_entry_point(tmp_path):
     code = "from vlrl.envs.base import registered_envs\ntry:\n    registered_envs()\nexcept Exception as exc:\n    print(exc)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.stdout.strip() == "env plug-in 'plug' (plug_env) failed to load: broken plug-in", run.stderr
+
+
+
+def test_an_env_without_task_groups_is_one_group():
+    class FlatConfig(EnvConfigBase):
+        name: Literal["toy_flat"] = Field("toy_flat", description="An env without task groups.")
+
+    @register_env("toy_flat", config=FlatConfig)
+    class FlatEnv:
+        pass
+
+    task = Task("toy_flat", "holdout", 0, 0, {})
+    assert task_group(task) == "all" and task_group_label("toy_flat") == "group"

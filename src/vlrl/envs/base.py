@@ -293,8 +293,9 @@ def overlapping_tasks(a: Sequence[Task], b: Sequence[Task]) -> list[tuple[Task, 
 
 
 def task_group(task: Task) -> str:
-    """The evaluation-table group of `task` (the env's `task_group`, e.g. "9x9")."""
-    return str(env_class(task.env).task_group(task))
+    """The evaluation-table group of `task` (the env's `task_group`, e.g. "9x9"; "all" for an env without one)."""
+    cls = env_class(task.env)
+    return str(cls.task_group(task)) if hasattr(cls, "task_group") else "all"
 
 
 def task_group_label(env_name: str) -> str:
