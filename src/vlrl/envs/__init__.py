@@ -1,4 +1,5 @@
-"""Environments: the env API (`vlrl.envs.base`) and the built-in image maze (`vlrl.envs.maze`)."""
+"""Environments: the env API (`vlrl.envs.base`) and the built-in envs: the image maze (`vlrl.envs.maze`)
+and GUI control from screenshots (`vlrl.envs.gui`)."""
 
 from vlrl.envs.base import (
     SPLITS,

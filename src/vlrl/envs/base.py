@@ -37,7 +37,7 @@ from vlrl.envs.config import SPLITS, EnvConfigBase
 from vlrl.errors import VlrlError
 from vlrl.sections import did_you_mean
 
-_BUILTIN_MODULES = ("vlrl.envs.maze",)
+_BUILTIN_MODULES = ("vlrl.envs.maze", "vlrl.envs.gui")
 DEFAULT_ENV = "maze"  # the env of a config that names none
 ENTRY_POINT_GROUP = "vlrl.envs"  # third-party env packages: `[project.entry-points."vlrl.envs"]`
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import ValidationError
-
-from vlrl.envs.maze.config import MazeEnvConfig, RewardConfig
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.base import SPLITS, Observation, StepResult, Task, register_env
 from vlrl.envs.maze.maze import GENERATOR_VERSION, MOVES, Maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
@@ -36,6 +34,7 @@ from vlrl.envs.maze.rewards import turn_reward
 from vlrl.envs.maze.splits import (
     SPLIT_RULE, adhoc_task, build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap,
 )
+from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.errors import VlrlError
 
 TRACE_FORMAT = "vlrl.trace/1"
@@ -235,21 +234,7 @@ class _MazeEpisode:
     def trace(self) -> dict[str, Any]:
         """The episode as JSON (format `vlrl.trace/1`, see docs/maze.md)."""
         self._check_started("trace")
-        return {
-            "format": TRACE_FORMAT,
-            "env": self.name,
-            "task": self.task.to_json(),
-            "maze": self.maze.to_json(),
-            "settings": {
-                "max_turns": self.config.max_turns,
-                "stop_required": self.config.stop_required,
-                "rewards": self.config.rewards.model_dump(),
-            },
-            "turns": [dict(t) for t in self.turns],
-            "done": self.done,
-            "success": self.success,
-            "return": self.episode_return,
-        }
+        return episode_trace(self, TRACE_FORMAT, "maze", self.maze.to_json())
 
     @classmethod
     def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:
@@ -258,44 +243,7 @@ class _MazeEpisode:
         Returns {"success", "return", "turns", "matches", "problems"}: the replayed outcome, and
         the list of differences from what the trace records (empty when it is consistent).
         """
-        for key in ("format", "task", "maze", "settings", "turns", "success", "return"):
-            if key not in trace:
-                raise VlrlError(f"trace lacks '{key}'")
-        if trace["format"] != TRACE_FORMAT:
-            raise VlrlError(f"trace format is {trace['format']!r}; this version reads {TRACE_FORMAT!r}")
-        settings = trace["settings"]
-        try:
-            config = cls.config_class(
-                name=cls.name, max_turns=settings["max_turns"], stop_required=settings["stop_required"],
-                rewards=RewardConfig(**settings["rewards"]),
-            )
-        except (ValidationError, KeyError, TypeError) as exc:
-            raise VlrlError(f"trace settings are invalid ({str(exc).splitlines()[0]})") from None
-        env = cls(config, render_images=False)
-        env.start(Task.from_json(trace["task"]), Maze.from_json(trace["maze"]))
-        problems: list[str] = []
-        for i, recorded in enumerate(trace["turns"], start=1):
-            if env.done:
-                problems.append(f"turn {i} is recorded after the episode ended")
-                break
-            env.step(str(recorded.get("response", "")))
-            replayed = env.turns[-1]
-            for key, value in replayed.items():
-                want = recorded.get(key)
-                same = abs(float(want) - value) < 1e-9 if key == "reward" and isinstance(want, (int, float)) else want == value
-                if not same:
-                    problems.append(f"turn {i}: {key} is {want!r} in the trace but {value!r} on replay")
-        if env.success != trace["success"]:
-            problems.append(f"success is {trace['success']!r} in the trace but {env.success!r} on replay")
-        if not isinstance(trace["return"], (int, float)) or abs(trace["return"] - env.episode_return) > 1e-9:
-            problems.append(f"return is {trace['return']!r} in the trace but {env.episode_return!r} on replay")
-        return {
-            "success": env.success,
-            "return": env.episode_return,
-            "turns": len(env.turns),
-            "matches": not problems,
-            "problems": problems,
-        }
+        return replay_env_trace(cls, trace, TRACE_FORMAT, "maze", Maze.from_json)
 
 
 @register_env("maze", config=MazeEnvConfig)

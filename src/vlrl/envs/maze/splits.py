@@ -44,9 +44,10 @@ import json
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, overload
+from typing import Any
 
 from vlrl.envs.maze.config import MazeEnvConfig
+from vlrl.envs.lazy_split import LazySplit
 from vlrl.envs.base import Task, env_class, overlapping_tasks  # noqa: F401  (re-exported: content-hash overlap check)
 from vlrl.envs.maze.maze import (
     E, GENERATOR_VERSION, MAX_SIZE, MIN_SIZE, OPPOSITE, S, Maze, _corner_span, _distances_flat, canonical_walls_hash,
@@ -333,45 +334,11 @@ def maze_split_version(config: MazeEnvConfig, split: str) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-class Split(Sequence[Task]):
-    """The tasks of one split, computed on first access and memoised; indexable and iterable."""
+class Split(LazySplit):
+    """The tasks of one split (see `LazySplit`): train on demand, held-out ones distinct and in order."""
 
-    def __init__(self, config: MazeEnvConfig, split: str):
-        if split not in SPLIT_BUCKETS:
-            raise VlrlError(f"unknown split '{split}'; use one of {', '.join(SPLIT_BUCKETS)}")
-        self.config = config.model_copy(deep=True)
-        self.name = split
-        self.count = getattr(config, split).count
-        self.version = maze_split_version(config, split)
-        self._tasks: dict[int, Task] = {}
-        self._used: set[tuple[str, str]] = set()  # distinct keys of the held-out tasks built so far
-
-    def __len__(self) -> int:
-        return self.count
-
-    @overload
-    def __getitem__(self, index: int) -> Task: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Task]: ...
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.count))]
-        if index < 0:
-            index += self.count
-        if not 0 <= index < self.count:
-            raise IndexError(f"split {self.name} has {self.count} tasks; index {index} is out of range")
-        if index not in self._tasks:
-            if self.name == "train":
-                self._tasks[index] = make_task(self.config, self.name, index)
-            else:  # distinct tasks: built in order, each avoiding the ones before it
-                for i in range(len(self._tasks), index + 1):
-                    self._tasks[i] = make_task(self.config, self.name, i, self._used)
-        return self._tasks[index]
-
-    def __repr__(self) -> str:
-        return f"Split({self.name!r}, count={self.count}, version={self.version!r})"
+    def __init__(self, config, split: str):
+        super().__init__(config, split, maze_split_version, make_task)
 
 
 def build_maze_split(config: MazeEnvConfig, split: str) -> Split:
