@@ -12,3 +12,12 @@ class VlrlError(Exception):
 
 class ConfigError(VlrlError):
     """A configuration file or override is invalid."""
+
+
+class WorkerDiedError(VlrlError):
+    """A worker's process is gone (killed, out of memory, node lost); its group is unusable.
+
+    Raised by `vlrl.runtime.worker_group.RayWorkerGroup`, caught by the trainer, which rebuilds
+    the group and resumes from its last checkpoint (`vlrl.training.recovery`). It lives here, at
+    the bottom of the layers, so the trainer need not import the Ray runtime to catch it.
+    """

@@ -20,8 +20,9 @@ import torch
 
 from vlrl.envs.base import build_split, make_env
 from vlrl.errors import VlrlError
-from vlrl.rollout.engine import SamplingParams, resolve_engine_name
+from vlrl.rollout.engine import SamplingParams
 from vlrl.rollout.episodes import run_episodes
+from vlrl.rollout.factory import resolve_engine_name
 
 LOGPROB_TOL = 2e-5  # fp32; observed <= 2e-6 (see the module docstring)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)

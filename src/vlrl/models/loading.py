@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from vlrl.config import ModelConfig
 from vlrl.errors import VlrlError
 
 # Tiny models load in milliseconds and big ones are loaded by every worker: transformers'
@@ -27,6 +28,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # Tokens that only the processor may place; a sampler must never emit them, or re-scoring the
 # sample fails ("Image features and image tokens do not match").
 VISION_SPECIAL_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
+
+
+def ensure_model(model: ModelConfig) -> Path:
+    """The base model directory, built offline first when `model.init_tiny` asks for it."""
+    path = Path(model.path)
+    if not path.exists() and model.init_tiny:
+        from vlrl.models.tiny import build_tiny_model
+
+        build_tiny_model(path, size=model.init_tiny, seed=0)
+    return path
 
 
 def read_model_config(model_dir: str | Path) -> dict:
