@@ -34,7 +34,8 @@ def require_vllm() -> types.ModuleType:
         if in_vllm_lane():
             raise  # absent or broken, it fails the test
         first = (str(exc).strip().splitlines() or [""])[0]
-        pytest.skip(f"vLLM is not usable here ({type(exc).__name__}: {first}); the vLLM lane runs this test")
+        pytest.skip(f"vLLM is not usable here ({type(exc).__name__}: {first}); the vLLM lane runs this test",
+                    allow_module_level=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
