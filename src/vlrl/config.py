@@ -44,7 +44,7 @@ class ModelConfig(Section):
         "runs/models/tiny-ci",
         description="Local directory of a Qwen3-VL checkpoint (or one built by `vlrl model init-tiny`). Never downloaded.",
     )
-    init_tiny: Literal["ci", "demo", "qwen3vl-2b-shape", "qwen3vl-8b-shape"] | None = Field(
+    init_tiny: Literal["ci", "demo", "maze9", "qwen3vl-2b-shape", "qwen3vl-8b-shape"] | None = Field(
         None,
         description="If set and `path` does not exist, build a random tiny model of this preset there first (offline).",
     )
@@ -280,9 +280,9 @@ class SftConfig(Section):
     episodes: int = Field(512, ge=1, description="Oracle transcripts generated for behaviour cloning.")
     epochs: int = Field(2, ge=1, description="Passes over the transcripts.")
     lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
-    lr_schedule: Literal["constant", "linear"] = Field(
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",
-        description="`constant`, or `linear` decay to 0. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; with batches of 16 and a linear decay it never got there (bench/RESULTS.md).",
+        description="`constant`, `linear` or `cosine` decay to 0 after the warm-up. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; with batches of 16 and a linear decay it never got there (bench/RESULTS.md).",
     )
     batch_size: int = Field(16, ge=1, description="Transcripts per optimizer step.")
     target_loss: float | None = Field(
@@ -291,6 +291,15 @@ class SftConfig(Section):
     )
     noise: float = Field(
         0.0, ge=0, le=1, description="Share of oracle turns replaced by a random action, so transcripts show recovery."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up over this many SFT steps (then `lr_schedule`).")
+    data_workers: int = Field(
+        0, ge=0,
+        description="Processes that play and tokenize oracle transcripts while the model trains (0: all transcripts are built up front in this process). On a GPU the transcripts, not the model, are the bottleneck without them.",
+    )
+    max_minutes: float | None = Field(
+        None, gt=0,
+        description="Wall-clock budget of the SFT loop: past it the model trained so far is saved and SFT ends (None: no limit). For jobs with a time slot.",
     )
 
 
@@ -376,6 +385,10 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = Field(
         False,
         description="Recompute each transformer block's activations in backward instead of keeping them (non-reentrant torch checkpoint): far less memory for long multi-turn sequences, about one more forward of time.",
+    )
+    max_minutes: float | None = Field(
+        None, gt=0,
+        description="Wall-clock budget of this command: once a step ends past it, the run checkpoints and stops with exit status 75 (EX_TEMPFAIL); the same command with `--resume auto` continues it. None: no limit. For time-boxed jobs and preemptible slots.",
     )
     eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
     eval_tasks: int = Field(64, ge=1, description="Holdout tasks used by periodic evaluation.")

@@ -14,6 +14,15 @@ class ConfigError(VlrlError):
     """A configuration file or override is invalid."""
 
 
+class TimeLimitReached(VlrlError):
+    """`train.max_minutes` ran out: the run checkpointed and stopped; `--resume auto` continues it.
+
+    The CLI exits with status 75 (EX_TEMPFAIL, "try again") so job scripts can tell a paused run
+    from a finished one (0) and from a failed one (2)."""
+
+    exit_code = 75
+
+
 class WorkerDiedError(VlrlError):
     """A worker's process is gone (killed, out of memory, node lost); its group is unusable.
 

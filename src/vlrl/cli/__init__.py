@@ -11,7 +11,7 @@ import sys
 import typer
 from rich.console import Console
 
-from vlrl.errors import VlrlError
+from vlrl.errors import TimeLimitReached, VlrlError
 
 app = typer.Typer(
     name="vlrl",
@@ -58,6 +58,9 @@ def main() -> None:
     """Entry point of the `vlrl` console script."""
     try:
         app()
+    except TimeLimitReached as exc:  # not a failure: the run paused at a checkpoint
+        err_console.print(f"[bold yellow]paused:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(TimeLimitReached.exit_code)
     except VlrlError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)

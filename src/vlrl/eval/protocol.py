@@ -120,7 +120,7 @@ def model_identity(model_dir: str | Path, adapter_dir: str | None) -> dict[str, 
 
 def load_engine(config: RunConfig, adapter_dir: str | None):
     """A model (`config.model.path` + optional adapter) with a transformers engine and its chat format."""
-    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids
+    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
     from vlrl.models.lora import load_adapter
     from vlrl.models.processor import load_processor
     from vlrl.rollout.hf_engine import TransformersEngine
@@ -129,7 +129,8 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     model_dir = ensure_model(config.model)
     processor = load_processor(model_dir)
     chat = ChatFormat(processor)
-    model = load_policy_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation)
+    model = load_policy_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation,
+                              device=worker_device(config))
     if adapter_dir:
         model = load_adapter(model, adapter_dir)
     tok = processor.tokenizer

@@ -8,7 +8,7 @@ text, so nothing is ever downloaded. The directory it writes loads with
 checkpoint.
 
 Presets (`TINY_SPECS`): "ci" (< 1M parameters, for tests), "demo" (a few million, able to
-learn a small visual maze), "qwen3vl-2b-shape" (the layer shapes of Qwen3-VL-2B, ~1.8B
+learn a small visual maze), "maze9" (~56M, the GPU recipe for 9x9 block mazes), "qwen3vl-2b-shape" (the layer shapes of Qwen3-VL-2B, ~1.8B
 parameters in bfloat16) and "qwen3vl-8b-shape" (every shape of Qwen3-VL-8B, 8.77B parameters),
 for GPU throughput and memory runs. Every preset uses our small tokenizer. The 2B shape keeps
 its ~1k-token vocabulary, so its embedding and LM head are tiny (~2M instead of ~311M
@@ -36,7 +36,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from vlrl.errors import VlrlError
 
-TinySize = Literal["ci", "demo", "qwen3vl-2b-shape", "qwen3vl-8b-shape"]
+TinySize = Literal["ci", "demo", "maze9", "qwen3vl-2b-shape", "qwen3vl-8b-shape"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,17 @@ TINY_SPECS: dict[str, TinySpec] = {
         vision_depth=2, vision_hidden=128, vision_heads=4, vision_intermediate=512,
         patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
         tokenizer_vocab=1024,
+    ),
+    # ~56M parameters, for the GPU recipe of the reference task (configs/gpu-maze9.yaml): 9x9 block
+    # mazes at 16 px per block are 144 px = 9x9 merged tokens, one per block. Seeing a block (wall,
+    # floor, agent, goal) is local and cheap, so the vision tower stays small (4 x 256 over the
+    # 18x18 patches); finding the way to the goal is a computation over the whole maze, so the
+    # depth goes to the language model (12 x 512, deepstack feeding its first layers).
+    "maze9": TinySpec(
+        text_hidden=512, text_layers=12, text_heads=8, text_kv_heads=4, head_dim=64, text_intermediate=2048,
+        vision_depth=4, vision_hidden=256, vision_heads=4, vision_intermediate=1024,
+        patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
+        tokenizer_vocab=1024, deepstack_indexes=(1, 3),
     ),
     # Qwen3-VL-2B's layer shapes (~1.7B parameters) with our ~1k-token tokenizer, so the embedding
     # and LM head are small. Random weights: for GPU memory and throughput runs, not for learning.

@@ -80,6 +80,7 @@ RESUME_SAFE_KEYS = (
     "train.eval_every",
     "train.eval_tasks",
     "train.checkpoint_every",
+    "train.max_minutes",  # each command of a time-boxed run has its own budget
     "train.keep_checkpoints",
     "train.sft",  # read by `vlrl sft` only
     "train.guards",  # e.g. a raised bound after a guard stopped the run (docs/observability.md)

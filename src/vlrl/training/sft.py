@@ -15,8 +15,13 @@ is the SFT baseline that evaluation compares GRPO against.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import random
 import shutil
+import time
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +33,7 @@ from vlrl.envs.base import Task, build_split, make_env
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
 
 RANDOM_ACTIONS = ("up", "down", "left", "right")
+log = logging.getLogger(__name__)
 
 
 def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: random.Random) -> MultimodalSequence:
@@ -58,6 +64,55 @@ def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torc
     mask = batch["loss_mask"][:, 1:]
     # Prompt positions may hold suppressed vision tokens (log-prob -inf): select, don't multiply.
     return -torch.where(mask > 0, logp, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def lr_factor(step: int, schedule: str, warmup: int, total: int) -> float:
+    """The learning-rate multiplier at optimizer step `step`: linear warm-up, then the schedule."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TranscriptBatches:
+    """Collated batches of oracle transcripts, epoch by epoch.
+
+    Without workers every transcript is played once, up front, and reused each epoch (noise
+    included), as the CPU demo has always done. With workers each batch is played and tokenized
+    in a worker process while the model trains on the previous one; the noise of a transcript
+    then depends on (seed, epoch, task), so a run is reproducible whatever the worker count.
+    """
+
+    def __init__(self, config: RunConfig, chat: ChatFormat, tasks: list[Task], pad_id: int):
+        self.config, self.chat, self.tasks, self.pad_id = config, chat, tasks, pad_id
+        self._cached: list[MultimodalSequence] | None = None
+
+    def epoch(self, epoch: int, rng: random.Random, workers: int) -> Iterator[dict[str, torch.Tensor]]:
+        size = self.config.train.sft.batch_size
+        if workers == 0:
+            if self._cached is None:
+                self._cached = [oracle_transcript(self.config, self.chat, t, rng) for t in self.tasks]
+            order = list(range(len(self.tasks)))
+            rng.shuffle(order)
+            for b in range(0, len(order), size):
+                yield collate([self._cached[i] for i in order[b : b + size]], self.pad_id, side="right")
+            return
+        order = list(range(len(self.tasks)))
+        rng.shuffle(order)
+        loader = torch.utils.data.DataLoader(
+            [order[b : b + size] for b in range(0, len(order), size)], batch_size=None, shuffle=False,
+            num_workers=workers, collate_fn=partial(self._play_batch, epoch=epoch), prefetch_factor=4,
+            persistent_workers=False,
+        )
+        yield from loader
+
+    def _play_batch(self, indices: list[int], epoch: int) -> dict[str, torch.Tensor]:
+        torch.set_num_threads(1)  # many small workers, not one that takes every core
+        seqs = [oracle_transcript(self.config, self.chat, self.tasks[i],
+                                  random.Random(f"{self.config.train.seed}/{epoch}/{i}")) for i in indices]
+        return collate(seqs, self.pad_id, side="right")
 
 
 TARGET_WINDOW = 20  # steps averaged for train.sft.target_loss
@@ -110,7 +165,7 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
 
 def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, float], None] | None) -> Path:
     from vlrl.models.fingerprint import model_fingerprint
-    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids
+    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
     from vlrl.models.lora import apply_lora, save_adapter
     from vlrl.models.processor import load_processor
     from vlrl.training.seeding import seed_everything
@@ -129,39 +184,51 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     suppress = vision_special_token_ids(processor)
     pad = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else chat.eos_id
 
+    device = worker_device(config)
+    model.to(device)
+    # fp32 weights and optimizer state, bf16 matmuls: the usual mixed precision on a GPU.
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and config.model.dtype == "float32")
+
     rng = random.Random(config.train.seed)
     split = build_split(config.env, "train")
     # SFT reads the END of the training split so that GRPO (which starts at its shuffled
     # beginning) mostly sees mazes the warm start did not.
     tasks = [split[len(split) - 1 - i] for i in range(min(s.episodes, len(split)))]
-    transcripts = [oracle_transcript(config, chat, t, rng) for t in tasks]
+    batches = TranscriptBatches(config, chat, tasks, pad)
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr)
-    total = s.epochs * -(-len(transcripts) // s.batch_size)
-    linear = s.lr_schedule == "linear"
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(1, total) if linear else 1.0)
+    total = s.epochs * -(-len(tasks) // s.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, schedule=s.lr_schedule, warmup=s.warmup_steps, total=total))
     model.train()
     history, step = [], 0
+    started = time.monotonic()
+    out_of_time = False
     for epoch in range(s.epochs):
-        if reached_target(history, s.target_loss):
-            break
-        order = list(range(len(transcripts)))
-        rng.shuffle(order)
-        for b in range(0, len(order), s.batch_size):
+        for batch in batches.epoch(epoch, rng, workers=s.data_workers):
             if reached_target(history, s.target_loss):
                 break
-            batch = collate([transcripts[i] for i in order[b : b + s.batch_size]], pad, side="right")
-            loss = sft_loss(model, batch, suppress)
+            if s.max_minutes is not None and time.monotonic() - started > 60 * s.max_minutes:
+                out_of_time = True
+                break
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with autocast:
+                loss = sft_loss(model, batch, suppress)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm)
             opt.step()
             sched.step()
             step += 1
-            history.append({"step": step, "epoch": epoch, "loss": float(loss.detach())})
+            history.append({"step": step, "epoch": epoch, "loss": float(loss.detach()),
+                            "seconds": round(time.monotonic() - started, 2)})
             if progress:
                 progress(step, total, float(loss.detach()))
+        if out_of_time or reached_target(history, s.target_loss):
+            break
+    if out_of_time:
+        log.warning("SFT stopped at step %d of %d: train.sft.max_minutes (%s) reached", step, total, s.max_minutes)
+    model.to("cpu")
     fingerprint = model_fingerprint(model_dir)
     if s.mode == "full":
         out = save_full_model(model, Path(model_dir), out_dir, fingerprint)

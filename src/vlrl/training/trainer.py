@@ -41,7 +41,7 @@ import torch
 from vlrl.algo.grpo import combine_advantages, discounted_returns, group_advantages, informative_groups, step_advantages
 from vlrl.config import RunConfig, config_to_yaml
 from vlrl.envs.base import build_split
-from vlrl.errors import WorkerDiedError
+from vlrl.errors import TimeLimitReached, WorkerDiedError
 from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.episodes import Episode, RolloutStats
 from vlrl.runtime.update_plan import MISMATCH_KEYS
@@ -240,6 +240,7 @@ class GRPOTrainer(RecoveryMixin):
         Checkpoints every `train.checkpoint_every` steps and at the end. When a Ray worker dies
         the run goes on from the newest checkpoint (`recover`).
         """
+        self._started = time.monotonic()
         if self.resumed_from is None and self.step_idx == 0:
             self._start_fresh()
         self.telemetry.start(resumed=self.resumed_from is not None)
@@ -250,6 +251,9 @@ class GRPOTrainer(RecoveryMixin):
                     break
                 except WorkerDiedError as exc:
                     self.recover(exc)
+        except TimeLimitReached:
+            self.telemetry.finish("KILLED")  # MLflow's word for a run stopped before its end; it resumes
+            raise
         except BaseException:
             self.telemetry.finish("KILLED" if isinstance(sys.exc_info()[1], KeyboardInterrupt) else "FAILED")
             raise
@@ -263,6 +267,12 @@ class GRPOTrainer(RecoveryMixin):
             rolled_back = m.step != self.step_idx  # a guard went back to a checkpoint: nothing new to save
             if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0 and self.step_idx < c.steps and not rolled_back:
                 self.save_checkpoint()
+            if c.max_minutes is not None and self.step_idx < c.steps and time.monotonic() - self._started > 60 * c.max_minutes:
+                path = self.save_checkpoint()
+                raise TimeLimitReached(
+                    f"train.max_minutes ({c.max_minutes:g}) reached after step {self.step_idx} of {c.steps}; "
+                    f"checkpoint {path}; the same command with --resume auto continues the run"
+                )
         if not (self.evals and self.evals[-1]["step"] == self.step_idx):  # else: resumed from the final checkpoint
             self.evaluate()
             self.save_checkpoint()

@@ -28,7 +28,7 @@ from vlrl.config import RunConfig
 from vlrl.envs.base import Task
 from vlrl.errors import VlrlError
 from vlrl.eval.evaluate import EvalResult
-from vlrl.models.loading import ensure_model
+from vlrl.models.loading import ensure_model, worker_device
 from vlrl.rollout.engine import RolloutEngine, SamplingParams
 from vlrl.rollout.episodes import Episode, RolloutStats, run_episodes
 from vlrl.rollout.factory import resolve_engine_name, sampling_params
@@ -39,19 +39,6 @@ from vlrl.runtime.update_plan import UpdatePlan, UpdateStats
 from vlrl.runtime.worker_api import WorkerGroup
 from vlrl.training.policy import Policy
 from vlrl.training.seeding import rng_state, seed_everything, set_rng_state
-
-
-def worker_device(config: RunConfig) -> torch.device:
-    """The device this worker trains and samples on: its GPU with `runtime.use_gpu`, else the CPU."""
-    if not config.runtime.use_gpu:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
-        raise VlrlError(
-            f"runtime.use_gpu is true but this worker sees no CUDA device (CUDA_VISIBLE_DEVICES={visible}); "
-            "set runtime.use_gpu=false"
-        )
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 # Left free on the GPU beside the policy's weights and vLLM's share: the policy's activations during

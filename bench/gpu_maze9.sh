@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The reference task on one GPU (issue 18): configs/gpu-maze9.yaml in three commands of at most
+# 10 minutes each, run back to back while the GPU machine stays warm (its /tmp survives 30 s
+# between calls): the run checkpoints and resumes across them.
+#
+#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # model, SFT, first GRPO steps
+#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh grpo")    # GRPO, --resume auto
+#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh final")   # last GRPO steps, evaluation, report
+#
+# .gpuwhl holds pydantic's wheels, the only vlrl dependency the GPU image lacks on this path:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .gpuwhl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
+# SMOKE=1 runs the same stages on a CPU with a tiny model and small budgets (a check of the script).
+set -uo pipefail
+STAGE=${1:?usage: bench/gpu_maze9.sh sft|grpo|final}
+OUT=${OUT:-/tmp/gpu-maze9-out}
+WORK=${WORK:-/tmp/maze9}
+mkdir -p "$OUT" "$WORK"
+exec > >(tee -a "$OUT/gpu_maze9-$STAGE.log") 2>&1
+T0=$(date +%s)
+stamp() { echo "== [$(($(date +%s) - T0)) s] $*"; }
+left() { echo $(( ${BUDGET_S:-570} - ($(date +%s) - T0) )); }   # seconds left in this command
+
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if ls .gpuwhl/*.whl >/dev/null 2>&1 && ! python3 -c "import pydantic" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .gpuwhl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD/src
+PY=${PY:-python3}
+stamp "$STAGE $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
+
+CFG=configs/gpu-maze9.yaml
+SET=(storage.root=$WORK/runs tracking.enabled=false)
+if [ -n "${SMOKE:-}" ]; then
+  SET+=(model.init_tiny=ci runtime.use_gpu=false runtime.torch_threads=2 train.sft.episodes=64 train.sft.batch_size=16
+        train.sft.data_workers=1 algo.tasks_per_step=2 algo.group_size=4 algo.mini_batch_size=8 algo.micro_batch_size=8
+        train.eval_tasks=4 train.eval_every=2 train.checkpoint_every=2 env.holdout.count=6 env.adversarial.count=6)
+fi
+SFT_SET=("${SET[@]}" model.path=$WORK/model)
+# GRPO starts on the SFT model, in bf16 on a GPU (fp32 on the CPU smoke).
+GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
+[ -z "${SMOKE:-}" ] && GRPO_SET+=(model.dtype=bfloat16)
+RUN=$WORK/runs/gpu-maze9
+
+grpo() {  # GRPO for at most $1 minutes (it checkpoints and exits 75 when the budget runs out), extra overrides after
+  local minutes=$1; shift
+  stamp "GRPO for at most $minutes min"
+  $PY -m vlrl.cli train $CFG "${GRPO_SET[@]}" train.max_minutes=$minutes "$@" --resume auto --quiet
+  local rc=$?
+  echo "train exit $rc (75: paused at a checkpoint, continues with --resume auto)"
+  cp $RUN/metrics.jsonl $RUN/evals.json $RUN/run-events.jsonl "$OUT/" 2>/dev/null
+  return 0
+}
+
+case "$STAGE" in
+sft)
+  stamp "SFT: the random maze9 model behaviour-clones the oracle (train.sft.max_minutes)"
+  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" -o $WORK/sft-model
+  echo "sft exit $?"
+  cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
+  $PY - "$WORK/sft-model/sft_history.json" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))
+for r in h[:: max(1, len(h) // 15)] + h[-1:]:
+    print(f"  SFT step {r['step']:5d}  {r['seconds']:7.1f} s  loss {r['loss']:.4f}")
+PY
+  mins=$(( ($(left) - 45) / 60 ))
+  [ "$mins" -ge 1 ] && grpo "$mins"
+  ;;
+grpo)
+  grpo "$(( ($(left) - 40) / 60 ))"
+  ;;
+final)
+  # Finish the run: set train.steps to where the time left for training (FINAL_GRPO_S) ends.
+  steps=$($PY - "$RUN" "${FINAL_GRPO_S:-150}" <<'PY'
+import json, sys, pathlib
+run, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2])
+rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+done = max(r["step"] for r in rows)
+secs = sorted(r.get("time/step_s", 0) for r in rows[-10:])
+per_step = secs[len(secs) // 2] or 10.0
+print(done + max(1, int(budget // per_step)))
+PY
+)
+  stamp "GRPO to step $steps, then the final evaluation"
+  grpo 9 train.steps=$steps
+  stamp "evaluation: base, SFT, GRPO on holdout and adversarial (greedy)"
+  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$OUT" -- "${GRPO_SET[@]}"
+  echo "eval exit $?"
+  for d in "$OUT"/eval-*; do $PY -m vlrl.cli eval-verify "$d" | tail -3; done
+  $PY -m vlrl.cli report $RUN --out "$OUT/report.html" && echo "report written"
+  ;;
+*) echo "unknown stage $STAGE"; exit 2 ;;
+esac
+stamp "end of $STAGE"
