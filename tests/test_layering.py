@@ -45,6 +45,10 @@ VIOLATIONS = [
     pytest.param("rollout/engine.py", "vlrl.rollout.vllm_engine", "rollout", id="engine-interface-imports-vllm-engine"),
     pytest.param("envs/base.py", "vlrl.rollout.sequence", "layers", id="envs-import-rollout"),
     pytest.param("config.py", "vlrl.models.loading", "layers", id="config-imports-models"),
+    # Until env configs move into vlrl/envs (helper envcfg), .importlinter ignores envs -> config;
+    # once the ignore goes (it fails the contract when nothing matches it), this passes: drop the mark.
+    pytest.param("envs/base.py", "vlrl.config", "layers", id="envs-import-config",
+                 marks=pytest.mark.xfail(strict=True, reason="pending the env-config split: envs still import vlrl.config")),
     pytest.param("eval/protocol.py", "vlrl.training.worker", "layers", id="eval-imports-training"),
     pytest.param("tracking/gate.py", "vlrl.eval.protocol", "layers", id="tracking-imports-eval-protocol"),
     # Independent siblings and the lower layers.
