@@ -14,9 +14,8 @@ Restoring puts back everything a step depends on, random states last, so a resum
 rolled-back run replays the steps it lost exactly (tests/training/test_checkpoint.py,
 tests/runtime/test_recovery.py).
 
-The mixin uses the trainer's state (`config`, `worker`, `checkpoints`, `sampler`, `history`,
-`evals`, `step_idx`, `restarts`, `guard_state`, ...) and its run-directory helpers
-(`_make_workers`, `_write_config`, `_rewrite_metrics`, `_event`, `_start_rng`).
+The mixin works on the trainer's state (declared at the top of the class) and uses its
+run-directory helpers (`_make_workers`, `_write_config`, `_rewrite_metrics`, `_event`).
 """
 
 from __future__ import annotations
@@ -27,10 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlrl.config import config_to_yaml
+from vlrl.config import RunConfig, config_to_yaml
 from vlrl.envs.base import build_split, split_version
 from vlrl.errors import VlrlError, WorkerDiedError
-from vlrl.training.checkpoint import check_resume_config, find_checkpoint, read_checkpoint, verify
+from vlrl.runtime.worker_api import WorkerGroup
+from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, verify
 from vlrl.training.guards import GuardState
 from vlrl.training.sampler import TaskSampler
 from vlrl.training.seeding import rng_state, set_rng_state
@@ -40,6 +40,23 @@ log = logging.getLogger(__name__)
 
 class RecoveryMixin:
     """Checkpoints, resume and restart of `GRPOTrainer` (see the module docstring)."""
+
+    # The trainer's state this side reads and restores (set by GRPOTrainer.__init__ and setup).
+    config: RunConfig
+    worker: WorkerGroup
+    checkpoints: CheckpointStore
+    sampler: TaskSampler
+    step_idx: int
+    history: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    restarts: int  # over the whole run (kept in checkpoints)
+    session_restarts: int  # by this process: runtime.max_restarts bounds these
+    config_changes: list[dict[str, Any]]
+    guard_state: GuardState
+    resumed_from: str | None
+    _fingerprint: str | None
+    _checkpoint_s: float
+    _start_rng: dict[str, Any]
 
     # -- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
