@@ -106,7 +106,8 @@ class _Episode:
 
 def _measure(model, processor, settings, workload: str, impl: str, micro: int, args) -> dict[str, Any]:
     from vlrl.models.loading import vision_special_token_ids
-    from vlrl.training.policy import Policy, combine_update_stats, loss_units, make_update_plans
+    from vlrl.runtime.update_plan import combine_update_stats, loss_units, make_update_plans
+    from vlrl.training.policy import Policy
 
     device = settings.resolved_device()
     turns = 1 if workload == "single" else args.turns

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_lane import pytest_runtest_makereport  # noqa: F401 - the hook: no skipped vllm test in the vLLM lane
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,10 +20,10 @@ from rich.console import Console
 from vlrl.config import RunConfig
 from vlrl.eval.evaluate import format_p, pair_results, paired_table, results_table
 from vlrl.eval.protocol import evaluate_models
+from vlrl.models.loading import ensure_model
 from vlrl.report.plots import learning_curve
 from vlrl.training.progress import train_with_progress
 from vlrl.training.sft import reached_target, run_sft
-from vlrl.training.worker import ensure_model
 
 
 def peak_memory_mb() -> float:
@@ -44,7 +44,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
 
     t0 = time.perf_counter()
     with console.status(f"building the {config.model.init_tiny or ''} model at {config.model.path}"):
-        model_dir = ensure_model(config)
+        model_dir = ensure_model(config.model)
     phase("model", t0)
 
     console.rule("1/3 SFT warm start on oracle transcripts")

@@ -21,3 +21,12 @@ class TimeLimitReached(VlrlError):
     from a finished one (0) and from a failed one (2)."""
 
     exit_code = 75
+
+
+class WorkerDiedError(VlrlError):
+    """A worker's process is gone (killed, out of memory, node lost); its group is unusable.
+
+    Raised by `vlrl.runtime.worker_group.RayWorkerGroup`, caught by the trainer, which rebuilds
+    the group and resumes from its last checkpoint (`vlrl.training.recovery`). It lives here, at
+    the bottom of the layers, so the trainer need not import the Ray runtime to catch it.
+    """

@@ -25,11 +25,6 @@ CRD_DIR = SHARED / "kuberay-crds"
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-# Subcommands and options that docs and manifests already use but that arrive with later issues
-# (the Ray runtime and serving). Checks on them are expected to fail until then, and only then.
-PENDING_COMMANDS: set[str] = set()
-PENDING_OPTIONS = {("train", "--address")}
-
 
 def load_yaml_docs(path: Path) -> list[dict]:
     """Every non-empty YAML document of a file."""
@@ -281,24 +276,3 @@ def parse_cli(argv: list[str]) -> tuple[list[str], dict]:
         message = exc.format_message() if hasattr(exc, "format_message") else repr(exc)
         return [f"`{' '.join(argv)}`: {message}"], {}
     return [], dict(ctx.params)
-
-
-def pending_reason(argv: list[str]) -> str | None:
-    """Why a command's check may fail for now: it uses a subcommand/option announced but not registered."""
-    import typer
-
-    from vlrl.cli import app
-
-    group = typer.main.get_command(app)
-    if len(argv) < 2:
-        return None
-    name = argv[1]
-    if name in PENDING_COMMANDS and name not in group.commands:
-        return f"`vlrl {name}` arrives with the Ray runtime / serving issues"
-    for command, option in PENDING_OPTIONS:
-        if name == command and any(t.split("=", 1)[0] == option for t in argv[2:]):
-            registered = group.commands.get(command)
-            opts = {o for param in getattr(registered, "params", []) for o in param.opts}
-            if option not in opts:
-                return f"`vlrl {command} {option}` arrives with the Ray runtime issue"
-    return None

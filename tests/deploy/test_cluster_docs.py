@@ -1,10 +1,8 @@
 """docs/cluster.md and the commands the manifests run, checked against the code and the manifests.
 
 Every `vlrl ...` command in the docs' shell blocks, their inline code and the manifests is parsed by
-the real CLI (`vlrl.cli.app`). Commands announced but not built yet (`vlrl submit`, `vlrl jobs`,
-`vlrl serve`, `vlrl train --address`) are expected failures only while they are missing; once they
-land, their checks become real. The docs' paths, label selectors, Secret and Service names must
-match the repository.
+the real CLI (`vlrl.cli.app`): a command or option the CLI does not have fails its check. The docs'
+paths, label selectors, Secret and Service names must match the repository.
 """
 
 from __future__ import annotations
@@ -24,14 +22,11 @@ from deploy_helpers import (
     manifests,
     only,
     parse_cli,
-    pending_reason,
     vlrl_commands_in_shell,
 )
 
 CLUSTER_DOC = ROOT / "docs" / "cluster.md"
 DOCS = [CLUSTER_DOC, K8S / "README.md"]
-# Referenced by the docs, delivered by another issue (the Grafana dashboard).
-PENDING_PATHS: set[str] = set()
 
 
 def documented_commands() -> list[tuple[str, list[str], bool]]:
@@ -53,12 +48,7 @@ def documented_commands() -> list[tuple[str, list[str], bool]]:
 
 
 def _params():
-    params = []
-    for where, argv, whole in documented_commands():
-        reason = pending_reason(argv)
-        marks = [pytest.mark.xfail(strict=False, reason=reason)] if reason else []
-        params.append(pytest.param(argv, whole, marks=marks, id=f"{where}: {' '.join(argv)}"))
-    return params
+    return [pytest.param(argv, whole, id=f"{where}: {' '.join(argv)}") for where, argv, whole in documented_commands()]
 
 
 def test_docs_and_manifests_contain_vlrl_commands():
@@ -80,8 +70,6 @@ def test_referenced_repository_paths_exist():
     for doc in DOCS:
         text = doc.read_text()
         for path in set(re.findall(r"(?<![\w/.])((?:deploy|configs|docs)/[\w./-]*[\w/])", text)):
-            if any(path.startswith(p) for p in PENDING_PATHS):
-                continue
             assert (ROOT / path).exists(), f"{doc.name} refers to {path}, which does not exist"
         for target in re.findall(r"\]\(([^)#\s]+)", text):
             if not re.match(r"[a-z]+://", target):

@@ -91,8 +91,13 @@ def test_first_observation_and_texts():
     env, obs = _started()
     assert obs.text == INSTRUCTION and len(obs.images) == 1
     assert obs.images[0].size == (125, 125)
-    assert all(isinstance(t, str) and t for t in PROMPT_TEXTS)
-    assert INVALID_FEEDBACK in PROMPT_TEXTS and WALL_FEEDBACK["right"] == "Cannot move right into a wall."
+    assert WALL_FEEDBACK["right"] == "Cannot move right into a wall."
+    # Every text the env shows is one of PROMPT_TEXTS: a wall bump, an invalid answer, a move, a stop.
+    shown = {obs.text}
+    open_move = next(m for m in MOVES if env.maze.move(env.pos, m) is not None)
+    for reply in (f"<action>{_wall_move(env)}</action>", "no action", f"<action>{open_move}</action>", "<action>stop</action>"):
+        shown.add(env.step(reply).info["feedback"])
+    assert INVALID_FEEDBACK in shown and shown <= set(PROMPT_TEXTS), shown - set(PROMPT_TEXTS)
 
 
 def test_wall_bump_keeps_position():

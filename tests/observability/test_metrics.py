@@ -12,7 +12,7 @@ from vlrl.config import load_config
 from vlrl.errors import VlrlError
 from vlrl.observability import resources
 from vlrl.observability.metrics import FAMILIES, RECORD_METRICS, MetricsExporter
-from vlrl.training.policy import UpdateStats, combine_update_stats
+from vlrl.runtime.update_plan import UpdateStats, combine_update_stats
 
 # A record with the trainer's keys, as GRPOTrainer.step writes it (values made up but consistent).
 RECORD = {

@@ -152,7 +152,7 @@ def test_killed_workers_are_replaced_and_the_run_ends_as_if_nothing_happened(ref
 
 def test_no_restart_beyond_max_restarts(ci_model_dir, tmp_path):
     from vlrl.errors import VlrlError
-    from vlrl.runtime.worker_group import WorkerDiedError
+    from vlrl.errors import WorkerDiedError
 
     trainer = GRPOTrainer(_config(ci_model_dir, tmp_path, "runtime.max_restarts=0"), tmp_path / "run")
     with pytest.raises(VlrlError, match=r"^worker 1 died during update; not restarting again \(runtime.max_restarts=0\)$"):

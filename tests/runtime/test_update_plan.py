@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from vlrl.config import AlgoConfig, RuntimeConfig, load_config
 from vlrl.errors import ConfigError, VlrlError
 from vlrl.runtime.cluster import _probe, cluster_address, set_auth_mode
+from vlrl.runtime.update_plan import combine_update_stats, make_update_plans, split_evenly
 from vlrl.runtime.worker_group import rank_seed
-from vlrl.training.policy import combine_update_stats, make_update_plans, split_evenly
 
 
 @settings(max_examples=60, deadline=None)

@@ -68,7 +68,7 @@ def local_ray():
 @pytest.fixture(scope="module")
 def two_workers(local_ray, ci_model_dir, tmp_path_factory):
     cfg = _config(ci_model_dir, tmp_path_factory.mktemp("runs"), "runtime.num_workers=2", *UPDATE)
-    with RayWorkerGroup(cfg, total_optimizer_steps=20) as group:
+    with RayWorkerGroup(cfg, total_optimizer_steps=20, worker_cls=Worker) as group:
         yield cfg, group
 
 
@@ -77,7 +77,7 @@ def test_unsatisfiable_placement_fails_within_the_timeout(local_ray, ci_model_di
         cfg = _config(ci_model_dir, tmp_path, "runtime.placement_timeout_s=2", *overrides)
         start = time.perf_counter()
         with pytest.raises(VlrlError, match="cannot place") as err:
-            RayWorkerGroup(cfg, total_optimizer_steps=1)
+            RayWorkerGroup(cfg, total_optimizer_steps=1, worker_cls=Worker)
         assert time.perf_counter() - start < 10
         assert asked in str(err.value) and "CPU=2 in total" in str(err.value) and "\n" not in str(err.value)
     assert _placement_groups_left() == 0
@@ -88,7 +88,7 @@ def test_unwritable_storage_root_names_the_worker_and_node(local_ray, ci_model_d
     blocker.write_text("not a directory")  # works as root too, unlike chmod
     cfg = _config(ci_model_dir, blocker / "runs")
     with pytest.raises(VlrlError, match=r"storage root .* is not writable from worker 0 on node \S+ \([\d.]+\)"):
-        RayWorkerGroup(cfg, total_optimizer_steps=1)
+        RayWorkerGroup(cfg, total_optimizer_steps=1, worker_cls=Worker)
     assert _placement_groups_left() == 0 and _cpus_free_again()
 
 

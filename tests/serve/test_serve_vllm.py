@@ -4,7 +4,8 @@ One server is shared by the module (started by `vlrl serve` as a subprocess, sto
 by the last test and, whatever happens, by the fixture's teardown). It serves
   - `maze`: an SFT LoRA adapter (A), given with --adapter;
   - `<registry model>-candidate`: the registry's candidate alias, followed with --watch 1.
-Tests marked `vllm` run in the vLLM lane (`scripts/test-vllm.sh`) and skip where vLLM is missing.
+Tests marked `vllm` run in the vLLM lane (`scripts/test-vllm.sh`), where a broken vLLM fails them;
+elsewhere they skip where vLLM is not usable (tests/vllm_lane.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from vllm_lane import require_vllm
 
 from vlrl.errors import VlrlError
 
@@ -96,7 +98,7 @@ def _random_adapter(base: Path, out: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def served(ci_model_dir, tmp_path_factory):
     """`vlrl serve` running on the tiny model with adapter A as `maze` and the registry's candidate."""
-    pytest.importorskip("vllm")
+    require_vllm()
     from vlrl.config import load_config
     from vlrl.serve.adapters import adapter_spec
     from vlrl.tracking.lineage import collect_lineage, write_adapter_lineage

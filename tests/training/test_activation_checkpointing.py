@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from vlrl.envs.base import build_split
-from vlrl.training.policy import loss_units, make_update_plans
+from vlrl.runtime.update_plan import loss_units, make_update_plans
 from vlrl.training.worker import Worker
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from rich.console import Console
+from scipy.stats import binomtest
 
 from vlrl.demo import run_demo
 
@@ -33,7 +35,10 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
     for key, pair in saved["paired"].items():
         a, b = key.split("_vs_")
         assert pair["n"] == 8 and pair["only_a"] - pair["only_b"] == s[a]["successes"] - s[b]["successes"]
-        assert pair["both"] + pair["only_a"] == s[a]["successes"] and 0 < pair["p_value"] <= 1
+        assert pair["both"] + pair["only_a"] == s[a]["successes"]
+        discordant = pair["only_a"] + pair["only_b"]  # McNemar's exact p of these counts (1 when none)
+        p = binomtest(pair["only_a"], discordant, 0.5).pvalue if discordant else 1.0
+        assert pair["p_value"] == pytest.approx(p, rel=1e-12)
     assert (tmp_path / "demo" / "eval" / "paired.json").is_file()
     text = " ".join(console.export_text().split())
     assert "McNemar p" in text and "grpo vs sft" in text and "paired on the same tasks (only GRPO solved" in text

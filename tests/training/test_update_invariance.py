@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vlrl.envs.base import build_split
-from vlrl.training.policy import loss_units, make_update_plans
+from vlrl.runtime.update_plan import loss_units, make_update_plans
 from vlrl.training.worker import Worker
 
 RTOL, ATOL = 1e-4, 1e-6

@@ -6,7 +6,7 @@ import pytest
 
 from vlrl.config import ALGO_PRESETS, AlgoConfig, load_config
 from vlrl.errors import ConfigError
-from vlrl.training.policy import combine_update_stats
+from vlrl.runtime.update_plan import combine_update_stats
 
 
 @pytest.mark.parametrize("name", sorted(ALGO_PRESETS))

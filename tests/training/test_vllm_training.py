@@ -1,6 +1,7 @@
 """GRPO training with the vLLM rollout engine (CPU build) on the tiny model.
 
-Runs in the vLLM lane (`scripts/test-vllm.sh`); skips where vLLM is not installed.
+Runs in the vLLM lane (`scripts/test-vllm.sh`), where a broken vLLM fails it; elsewhere it skips
+where vLLM is not usable (tests/vllm_lane.py).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import json
 
 import pytest
 import torch
+from vllm_lane import require_vllm
 
-pytest.importorskip("vllm")
+require_vllm()
 
 from vlrl.envs.base import build_split, make_env  # noqa: E402
 from vlrl.rollout.engine import SamplingParams  # noqa: E402

@@ -120,14 +120,13 @@ def model_identity(model_dir: str | Path, adapter_dir: str | None) -> dict[str, 
 
 def load_engine(config: RunConfig, adapter_dir: str | None):
     """A model (`config.model.path` + optional adapter) with a transformers engine and its chat format."""
-    from vlrl.models.loading import load_policy_model, vision_special_token_ids
+    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
     from vlrl.models.lora import load_adapter
     from vlrl.models.processor import load_processor
     from vlrl.rollout.hf_engine import TransformersEngine
     from vlrl.rollout.sequence import ChatFormat
-    from vlrl.training.worker import ensure_model, worker_device
 
-    model_dir = ensure_model(config)
+    model_dir = ensure_model(config.model)
     processor = load_processor(model_dir)
     chat = ChatFormat(processor)
     model = load_policy_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation,
@@ -166,7 +165,7 @@ def evaluate_models(
     With `out_dir`, each result is saved to out_dir/<label>[-sampled]/ and out_dir/results.json
     lists every summary. `force` skips only guard 2 (evaluating on a model's own training split).
     """
-    from vlrl.training.worker import ensure_model
+    from vlrl.models.loading import ensure_model
 
     if split not in ("train", "holdout", "adversarial"):
         raise VlrlError(f"unknown split '{split}': use holdout, adversarial or train")
@@ -198,7 +197,7 @@ def evaluate_models(
     plans = []
     for label, model_dir, adapter in models:
         cfg = config if model_dir is None else config.model_copy(update={"model": config.model.model_copy(update={"path": str(model_dir)})})
-        plans.append((label, cfg, adapter, model_identity(ensure_model(cfg), adapter)))  # guard 3 before any loading
+        plans.append((label, cfg, adapter, model_identity(ensure_model(cfg.model), adapter)))  # guard 3 before any loading
     results = []
     for label, cfg, adapter, identity in plans:
         engine, chat = load_engine(cfg, adapter)

@@ -8,6 +8,7 @@ Only local files are ever read (`local_files_only=True`): a model is a directory
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from transformers import AutoModelForImageTextToText, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from vlrl.config import ModelConfig, RunConfig
 from vlrl.errors import VlrlError
 
 # Tiny models load in milliseconds and big ones are loaded by every worker: transformers'
@@ -27,6 +29,29 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # Tokens that only the processor may place; a sampler must never emit them, or re-scoring the
 # sample fails ("Image features and image tokens do not match").
 VISION_SPECIAL_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
+
+
+def ensure_model(model: ModelConfig) -> Path:
+    """The base model directory, built offline first when `model.init_tiny` asks for it."""
+    path = Path(model.path)
+    if not path.exists() and model.init_tiny:
+        from vlrl.models.tiny import build_tiny_model
+
+        build_tiny_model(path, size=model.init_tiny, seed=0)
+    return path
+
+
+def worker_device(config: RunConfig) -> torch.device:
+    """The device a worker (or SFT, or an evaluation) runs the policy on: its GPU with `runtime.use_gpu`, else the CPU."""
+    if not config.runtime.use_gpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        raise VlrlError(
+            f"runtime.use_gpu is true but this worker sees no CUDA device (CUDA_VISIBLE_DEVICES={visible}); "
+            "set runtime.use_gpu=false"
+        )
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def read_model_config(model_dir: str | Path) -> dict:

@@ -12,18 +12,13 @@ tokens the same way (`vlrl.training.policy`), so the two agree up to float error
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
-from vlrl.errors import VlrlError
 from vlrl.rollout.sequence import MultimodalSequence
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,38 +70,3 @@ class RolloutEngine(ABC):
 
     def wake_up(self) -> None:
         """Restore what `sleep` released before the next rollouts."""
-
-
-def resolve_engine_name(requested: Literal["auto", "transformers", "vllm"]) -> str:
-    """`auto` means vLLM where it imports, else transformers; asking for a missing (or broken) vLLM is an error."""
-    if requested not in ("auto", "transformers", "vllm"):
-        raise VlrlError(f"unknown rollout.engine {requested!r}; choose auto, transformers or vllm")
-    if requested == "transformers":
-        return requested
-    problem = _vllm_problem()
-    if requested == "auto":
-        if problem and importlib.util.find_spec("vllm") is not None:
-            log.warning("rollout.engine=auto: %s, so the transformers engine is used", problem)
-        return "transformers" if problem else "vllm"
-    if problem:
-        raise VlrlError(
-            f"rollout.engine is 'vllm' but {problem}; install it (CPU: scripts/setup-vllm-venv.sh, "
-            "see docs/vllm.md) or set rollout.engine=transformers"
-        )
-    return requested
-
-
-def _vllm_problem() -> str | None:
-    """Why vLLM cannot be used here (not installed, or fails to import), or None."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed"
-    try:
-        from vlrl.rollout.vllm_engine import import_vllm
-
-        import_vllm()  # the engine needs it anyway; a broken install shows up here
-    except VlrlError as exc:  # e.g. a version outside the supported range: its own line says it
-        return str(exc)
-    except Exception as exc:  # e.g. a torchvision without its C++ ops
-        lines = str(exc).strip().splitlines()
-        return f"vLLM does not import ({type(exc).__name__}: {lines[0] if lines else ''})"
-    return None

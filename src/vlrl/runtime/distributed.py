@@ -4,7 +4,7 @@ With more than one worker every worker holds an FSDP2 shard of the LoRA policy: 
 on each vision block and each language-model decoder layer (the model's `_no_split_modules`),
 then on the root. A forward pass all-gathers a block's weights and a backward pass
 reduce-scatters its gradients, so every worker must run the same number of passes through the
-same modules; the update plan (`vlrl.training.policy.make_update_plans`) guarantees that.
+same modules; the update plan (`vlrl.runtime.update_plan.make_update_plans`) guarantees that.
 
 Adapter state leaves FSDP as a full (unsharded) dict keyed like the single-process model (LoRA
 weights are small; every engine needs all of them anyway). Optimizer and LR-scheduler state go to

@@ -1,12 +1,14 @@
 """Workers on Ray: a placement group with one bundle per device, one actor per bundle.
 
-`RayWorkerGroup` has the methods of `vlrl.training.worker.Worker`, so `GRPOTrainer` runs the same
-loop on one in-process worker or on a group (`make_worker_group` picks by `runtime.backend`):
+`RayWorkerGroup` and the in-process `vlrl.training.worker.Worker` are both a `WorkerGroup`
+(`vlrl.runtime.worker_api`), so `GRPOTrainer` runs the same loop on one worker or on a group
+(`vlrl.training.worker.make_worker_group` picks by `runtime.backend`). The group is handed the
+worker class it hosts (`worker_cls`): the runtime sits below training and never imports it.
 
     rollout   tasks split into contiguous chunks, one per worker (a task's G episodes stay on one
               worker), each worker sampling with a seed derived from the step's seed and its rank;
               episodes come back in task order
-    update    `make_update_plans` on the driver: the mini-batches one worker would use, a share of
+    update    `make_update_plans` (`vlrl.runtime.update_plan`) on the driver: the mini-batches one worker would use, a share of
               each for every worker; each worker gets only the episodes of its plan
     evaluate  tasks split like rollouts; results concatenated in task order
     state     adapter / optimizer state gathered from the FSDP shards, rank 0's copy returned;
@@ -30,12 +32,16 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from vlrl.config import RunConfig
 from vlrl.envs.base import Task
-from vlrl.errors import VlrlError
+from vlrl.errors import VlrlError, WorkerDiedError
+from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.engine import SamplingParams
 from vlrl.rollout.episodes import Episode, RolloutStats
-from vlrl.training.policy import combine_update_stats, loss_units, make_update_plans, split_evenly
+from vlrl.rollout.factory import sampling_params
+from vlrl.runtime.update_plan import UpdateStats, combine_update_stats, loss_units, make_update_plans, split_evenly
 
 # Worker r samples with seed + r * RANK_SEED_STRIDE (rank 0 keeps the step's seed, so one worker
 # on Ray samples exactly what the in-process worker samples).
@@ -46,26 +52,13 @@ RANK_SEED_STRIDE = 1_000_000_007
 LIVENESS_TIMEOUT_S = 30.0
 
 
-class WorkerDiedError(VlrlError):
-    """A worker actor's process is gone; the group is unusable (its process group is broken)."""
-
-
 def rank_seed(seed: int | None, rank: int) -> int | None:
     """The sampling seed of worker `rank` for a call seeded with `seed`."""
     return None if seed is None else (seed + rank * RANK_SEED_STRIDE) % 2**63
 
 
-def make_worker_group(config: RunConfig, total_optimizer_steps: int, init_adapter: str | None = None):
-    """The trainer's workers: an in-process `Worker` (backend local) or a `RayWorkerGroup`."""
-    if config.runtime.backend == "local":
-        from vlrl.training.worker import Worker
-
-        return Worker(config, total_optimizer_steps, adapter_dir=init_adapter)
-    return RayWorkerGroup(config, total_optimizer_steps, init_adapter)
-
-
 class WorkerActor:
-    """What runs inside one Ray actor: a `Worker` on the device of its bundle."""
+    """What runs inside one Ray actor: a worker (`worker_cls`, e.g. `Worker`) on the device of its bundle."""
 
     def __init__(self) -> None:
         self.worker = None
@@ -92,13 +85,11 @@ class WorkerActor:
 
         return free_port()
 
-    def start(self, config: RunConfig, total_optimizer_steps: int, adapter_dir: str | None, rank: int, world_size: int,
-              master_addr: str, master_port: int | None) -> None:
+    def start(self, worker_cls: type, config: RunConfig, total_optimizer_steps: int, adapter_dir: str | None, rank: int,
+              world_size: int, master_addr: str, master_port: int | None) -> None:
         check_storage(config.storage.root, rank)
-        from vlrl.training.worker import Worker
-
-        self.worker = Worker(config, total_optimizer_steps, adapter_dir, rank=rank, world_size=world_size,
-                             master_addr=master_addr, master_port=master_port)
+        self.worker = worker_cls(config, total_optimizer_steps, adapter_dir, rank=rank, world_size=world_size,
+                                 master_addr=master_addr, master_port=master_port)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
@@ -132,15 +123,18 @@ def _absolute(path: str) -> str:
 
 
 class RayWorkerGroup:
-    """`runtime.num_workers` Worker actors in one placement group, driven like one Worker."""
+    """`runtime.num_workers` worker actors in one placement group, driven like one worker.
 
-    def __init__(self, config: RunConfig, total_optimizer_steps: int, init_adapter: str | None = None):
+    `worker_cls` is the class each actor hosts (`vlrl.training.worker.Worker`): constructed as
+    `worker_cls(config, total_optimizer_steps, adapter_dir, rank=, world_size=, master_addr=, master_port=)`.
+    """
+
+    def __init__(self, config: RunConfig, total_optimizer_steps: int, init_adapter: str | None = None, *, worker_cls: type):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from vlrl.models.loading import read_model_config
+        from vlrl.models.loading import ensure_model, read_model_config
         from vlrl.runtime.cluster import cluster_address, connect
-        from vlrl.training.worker import ensure_model
 
         rt = config.runtime
         self.world_size = rt.num_workers
@@ -149,7 +143,7 @@ class RayWorkerGroup:
         self.config = config.model_copy(deep=True)
         self.config.model.path = _absolute(config.model.path)
         self.config.storage.root = _absolute(config.storage.root)
-        ensure_model(self.config)
+        ensure_model(self.config.model)
         if cluster_address(rt) is None:  # a local instance shares this filesystem: check before starting Ray
             read_model_config(self.config.model.path)
         connect(rt)
@@ -171,7 +165,7 @@ class RayWorkerGroup:
             port = ray.get(self.actors[0].free_port.remote()) if self.world_size > 1 else None
             adapter = _absolute(init_adapter) if init_adapter else None
             self._all("start", [
-                a.start.remote(self.config, total_optimizer_steps, adapter, rank, self.world_size, master_addr, port)
+                a.start.remote(worker_cls, self.config, total_optimizer_steps, adapter, rank, self.world_size, master_addr, port)
                 for rank, a in enumerate(self.actors)
             ])
         except BaseException:
@@ -248,10 +242,8 @@ class RayWorkerGroup:
         """`Worker.method(*args)` on every worker (ObjectRefs in args are shipped once)."""
         return self._all(method, [a.call.remote(method, *args) for a in self.actors])
 
-    # -- the Worker interface -------------------------------------------------------------------
+    # -- the WorkerGroup interface (vlrl.runtime.worker_api) -------------------------------------
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
-        from vlrl.training.worker import sampling_params
-
         return sampling_params(self.config, greedy, seed)
 
     def rollout(self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None) -> list[Episode]:
@@ -281,10 +273,8 @@ class RayWorkerGroup:
             stats.env_s += max(s.env_s for s in parts)
         return episodes
 
-    def evaluate(self, tasks: list[Task], greedy: bool, label: str):
+    def evaluate(self, tasks: list[Task], greedy: bool, label: str) -> EvalResult:
         """One episode per task on all workers at once, merged into one `EvalResult` in task order."""
-        from vlrl.eval.evaluate import EvalResult
-
         seed = self.config.train.seed
         calls = [
             self.actors[rank].call.remote("evaluate", chunk, greedy, label, rank_seed(seed, rank))
@@ -295,8 +285,8 @@ class RayWorkerGroup:
         return EvalResult(first.label, first.split, first.decoding,
                           [e for p in parts for e in p.episodes], [t for p in parts for t in p.traces])
 
-    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> dict[str, float]:
-        """One GRPO update, data-parallel, equal to one worker's on the same episodes (see policy.py).
+    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> UpdateStats:
+        """One GRPO update, data-parallel, equal to one worker's on the same episodes (see update_plan.py).
 
         Each worker gets only the episodes of its plan: 1/W of them with ppo_epochs=1; with more
         epochs, the union of its shares over the epochs (up to all of them), which it also scores.
@@ -308,7 +298,7 @@ class RayWorkerGroup:
         ]
         return combine_update_stats(self._all("update", calls))
 
-    def adapter_state(self):
+    def adapter_state(self) -> dict[str, torch.Tensor]:
         return self._call("adapter_state")[0]
 
     def sync_adapter(self, version: int) -> float:
@@ -326,17 +316,17 @@ class RayWorkerGroup:
     def training_state(self) -> dict[str, Any]:
         return self._call("training_state")[0]
 
-    def load_training_state(self, adapter, state) -> None:
+    def load_training_state(self, adapter: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         import ray
 
         self._call("load_training_state", ray.put(adapter), ray.put(state))
 
-    # -- checkpoint state (see `vlrl.training.worker.Worker`) -------------------------------------
+    # -- checkpoint state -------------------------------------------------------------------------
     def base_fingerprint(self) -> str:
         """Hashed by rank 0 only (all workers load the same base; hashing 8B weights takes ~15 s)."""
         return self._all("base_fingerprint", [self.actors[0].call.remote("base_fingerprint")])[0]
 
-    def load_adapter_state(self, adapter) -> None:
+    def load_adapter_state(self, adapter: dict[str, torch.Tensor]) -> None:
         import ray
 
         self._call("load_adapter_state", ray.put(adapter))

@@ -15,29 +15,19 @@ Log-probs are of `sequence[t+1]` given `sequence[:t+1]`; only tokens the policy 
 (GRPO), or one per turn (GiGPO), which reaches its turn's tokens through the sequence's
 `response_spans`.
 
-Data parallel (W workers, FSDP2): `make_update_plans` shuffles and cuts the mini-batches exactly
-as one worker would, then gives each worker a contiguous share of every mini-batch. Each
-micro-batch's loss is weighted by its share of the WHOLE mini-batch (global token or sequence
-count) and by W, which undoes FSDP's gradient averaging, so the reduced gradient is the sum one
-worker would have accumulated. FSDP collectives need every worker to run the same number of
-forward/backward passes: workers with fewer micro-batches run zero-weight passes, and the
-old/reference scoring is padded the same way. Stats are partial sums per optimizer step that
-`combine_update_stats` adds up across workers.
-
-Timings travel beside the stats, not in them: partial stats carry `time_logprob_s` (old +
-reference scoring) and `time_optim_s` (forward/backward passes and optimizer steps), and
-`combine_update_stats` moves them into `UpdateStats.timings` (`logprob_s`, `optim_s`): wall-clock
-seconds of the whole update, summed over optimizer steps, from the slowest worker (workers run
-side by side). So the stats stay exactly reproducible and equal across worker counts.
+Data parallel (W workers, FSDP2): each worker runs its share of the update by an `UpdatePlan`
+(`vlrl.runtime.update_plan`: the mini-batches one worker would use, a contiguous share of each for
+every worker, losses weighted by global token counts and W) and returns partial stats per
+optimizer step, which `combine_update_stats` adds up across workers; timings travel beside the
+stats (`UpdateStats.timings`: `logprob_s` for old + reference scoring, `optim_s` for the passes
+and optimizer steps).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,10 +36,11 @@ from vlrl.algo.grpo import (
     entropy_from_logits, grpo_loss, head_logprobs, rollout_correction_weights, sampler_mismatch, token_advantages,
     token_logprobs,
 )
-from vlrl.config import AlgoConfig, RunConfig
+from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
+from vlrl.runtime.update_plan import UpdatePlan, UpdateStats, combine_update_stats, loss_units, make_update_plans, merge_stat
 from vlrl.training.guards import withholds_nonfinite
 
 
@@ -66,125 +57,6 @@ def lr_lambda(config: RunConfig, total_steps: int):
         return 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
 
     return factor
-
-
-def loss_units(sequence: MultimodalSequence) -> int:
-    """Tokens of a sequence that carry loss (those the policy sampled, after the first token)."""
-    return sum(sequence.loss_mask[1:])
-
-
-def split_evenly(items: list, parts: int) -> list[list]:
-    """`parts` contiguous chunks whose sizes differ by at most one (the first ones larger)."""
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for p in range(parts):
-        end = start + size + (1 if p < extra else 0)
-        out.append(items[start:end])
-        start = end
-    return out
-
-
-@dataclass
-class UpdatePlan:
-    """What one worker does in one GRPO update; every worker's plan has the same shape."""
-
-    indices: list[int]  # positions (in the step's episode list) of the episodes this worker holds, ascending
-    score_passes: int  # forward passes for old (and reference) log-probs, equal on every worker
-    steps: list[list[list[int]]]  # per optimizer step: micro-batches of positions; [] is a zero-weight pass
-    denominators: list[int]  # per optimizer step: the loss normaliser over the whole mini-batch
-    world_size: int = 1
-
-
-def make_update_plans(sizes: list[int], seed: int, algo: AlgoConfig, world_size: int = 1) -> list[UpdatePlan]:
-    """Plans for `world_size` workers from the loss units of each episode (`loss_units`).
-
-    The shuffle and the mini-batches are those of one worker (same `random.Random(seed)`), so
-    the update does not depend on the number of workers. With ppo_epochs > 1 a worker holds the
-    union of its shares over the epochs (and scores all of them), so workers hold more than 1/W
-    of the episodes.
-    """
-    by_tokens = algo.loss_agg == "token_mean" and algo.ratio_level == "token"
-    rng = random.Random(seed)
-    steps: list[list[list[list[int]]]] = [[] for _ in range(world_size)]
-    held: list[set[int]] = [set() for _ in range(world_size)]
-    denominators: list[int] = []
-    for _ in range(algo.ppo_epochs):
-        order = list(range(len(sizes)))
-        rng.shuffle(order)
-        for m in range(0, len(order), algo.mini_batch_size):
-            mini = order[m : m + algo.mini_batch_size]
-            denominators.append(sum(sizes[i] for i in mini) if by_tokens else sum(1 for i in mini if sizes[i] > 0))
-            shares = split_evenly(mini, world_size)
-            micros = [[share[k : k + algo.micro_batch_size] for k in range(0, len(share), algo.micro_batch_size)] for share in shares]
-            passes = max(len(m_) for m_ in micros)
-            for rank, (share, micro) in enumerate(zip(shares, micros)):
-                steps[rank].append(micro + [[] for _ in range(passes - len(micro))])
-                held[rank].update(share)
-    # A worker with no episode still needs one to run its zero-weight passes through the model.
-    indices = [sorted(h) if h else [0] for h in held]
-    score_passes = max(-(-len(ix) // algo.micro_batch_size) for ix in indices)
-    return [UpdatePlan(ix, score_passes, st, denominators, world_size) for ix, st in zip(indices, steps)]
-
-
-class UpdateStats(dict):
-    """The update's mean stats (a plain dict of floats) with its wall-clock `timings` beside them.
-
-    `timings`: {"logprob_s": ..., "optim_s": ...}, seconds of the whole update. Kept out of the
-    dict so that stats compare equal between runs and between worker counts.
-    """
-
-    def __init__(self, stats: dict[str, float], timings: dict[str, float] | None = None):
-        super().__init__(stats)
-        self.timings = dict(timings or {})
-
-
-def combine_update_stats(partials: list[list[dict[str, float]]]) -> UpdateStats:
-    """Per-worker, per-step partial stats (`Policy.run_plan`) -> the update's mean stats.
-
-    Loss-like stats are sums of share-weighted micro-batch values, so they add up across
-    workers; `*_max` / `*_min` keys are extremes over every micro-batch, worker and step (true
-    extremes, not means of them); `mismatch_*` keys are raw sums over the tokens of one epoch,
-    turned into the sampler/trainer gap (`MISMATCH_KEYS`); grad_norm and lr are global and the
-    same on every worker (rank 0's is kept). Timings (`time_*` keys) are wall-clock: the slowest
-    worker's, summed over the steps (not a mean); they go to `.timings` without the `time_` prefix.
-    """
-    totals: dict[str, float] = {}
-    steps = len(partials[0]) if partials else 0
-    for s in range(steps):
-        merged: dict[str, float] = {}
-        for rank, per_step in enumerate(partials):
-            for k, v in per_step[s].items():
-                if k in ("grad_norm", "lr"):
-                    if rank == 0:
-                        merged[k] = v
-                elif k.startswith("time_"):
-                    merged[k] = max(merged.get(k, 0.0), v)
-                else:
-                    merged[k] = _merge_stat(k, merged.get(k), v)
-        for k, v in merged.items():
-            totals[k] = _merge_stat(k, totals.get(k), v)
-    stats = {k: v if k.endswith(("_max", "_min")) or k.startswith("mismatch_") else v / max(1, steps)
-             for k, v in totals.items() if not k.startswith("time_")}
-    tokens = stats.pop("mismatch_tokens", 0.0)
-    abs_sum, k3_sum = stats.pop("mismatch_abs_sum", 0.0), stats.pop("mismatch_k3_sum", 0.0)
-    if tokens > 0:
-        stats["logprob_diff_mean"], stats["kl_sampler_trainer_k3"] = abs_sum / tokens, k3_sum / tokens
-    return UpdateStats(stats, {k[len("time_"):]: v for k, v in totals.items() if k.startswith("time_")})
-
-
-# The update's sampler-vs-trainer stats, which the trainer records as `rollout/<key>`.
-MISMATCH_KEYS = ("logprob_diff_mean", "logprob_diff_max", "kl_sampler_trainer_k3")
-
-
-def _merge_stat(key: str, have: float | None, value: float) -> float:
-    """Add up a stat over micro-batches, workers or steps: extremes for `*_max`/`*_min`, else sums."""
-    if have is None:
-        return value
-    if key.endswith("_max"):
-        return max(have, value)
-    if key.endswith("_min"):
-        return min(have, value)
-    return have + value
 
 
 class Policy:
@@ -418,7 +290,7 @@ class Policy:
             n_tok = mask.sum().clamp(min=1)
             extra = {"loss": float(loss.detach()), "entropy": float((ent.detach() * mask).sum() / n_tok)}
             for k, v in {**{k: float(v) for k, v in stats.items()}, **extra}.items():
-                acc[k] = _merge_stat(k, acc.get(k), v if k.endswith(("_max", "_min")) else v * share)
+                acc[k] = merge_stat(k, acc.get(k), v if k.endswith(("_max", "_min")) else v * share)
             if measure_mismatch:
                 gap = {k: float(v) for k, v in sampler_mismatch(trainer_b, sampler_b, mask).items()}
                 for k in ("abs_sum", "k3_sum", "tokens"):

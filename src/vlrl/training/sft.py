@@ -170,17 +170,16 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
 
 def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, float], None] | None) -> Path:
     from vlrl.models.fingerprint import model_fingerprint
-    from vlrl.models.loading import load_policy_model, vision_special_token_ids
+    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
     from vlrl.models.lora import apply_lora, save_adapter
     from vlrl.models.processor import load_processor
     from vlrl.training.seeding import seed_everything
-    from vlrl.training.worker import ensure_model, worker_device
 
     s = config.train.sft
     seed_everything(config.train.seed)
     if config.runtime.torch_threads:
         torch.set_num_threads(config.runtime.torch_threads)
-    model_dir = ensure_model(config)
+    model_dir = ensure_model(config.model)
     processor = load_processor(model_dir)
     chat = ChatFormat(processor)
     model = load_policy_model(model_dir, dtype=config.model.dtype)

@@ -15,12 +15,14 @@ One step, top to bottom (`GRPOTrainer.step`):
     guards     -> events to run-events.jsonl; `rollback` restores the newest checkpoint, `stop` checkpoints and raises
 
 `worker` is an in-process `Worker` (runtime.backend=local) or a `RayWorkerGroup` of W of them
-(runtime.backend=ray, the default): the same methods, so this loop is the only one.
+(runtime.backend=ray, the default): both are a `WorkerGroup` (`vlrl.runtime.worker_api`), so this
+loop is the only one.
 
 Checkpoints (`vlrl.training.checkpoint` owns the format) hold everything a step depends on, so a
 resumed run continues exactly where the checkpoint was taken: `load_checkpoint("auto" | path)`.
 When a Ray worker dies, `train` rebuilds the worker group, reloads the newest valid checkpoint
-and carries on (`recover`, at most `runtime.max_restarts` times).
+and carries on (`recover`, at most `runtime.max_restarts` times). Saving, resuming and
+recovering live in `vlrl.training.recovery` (`RecoveryMixin`).
 """
 
 from __future__ import annotations
@@ -38,18 +40,19 @@ import torch
 
 from vlrl.algo.grpo import combine_advantages, discounted_returns, group_advantages, informative_groups, step_advantages
 from vlrl.config import RunConfig, config_to_yaml
-from vlrl.envs.base import build_split, split_version
-from vlrl.errors import TimeLimitReached, VlrlError
+from vlrl.envs.base import build_split
+from vlrl.errors import TimeLimitReached, WorkerDiedError
 from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.episodes import Episode, RolloutStats
-from vlrl.runtime.worker_group import WorkerDiedError
-from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, step_of, verify
+from vlrl.runtime.update_plan import MISMATCH_KEYS
+from vlrl.runtime.worker_api import WorkerGroup
+from vlrl.training.checkpoint import CheckpointStore, step_of
 from vlrl.training.guards import (
     GuardEvent, GuardState, GuardStop, eval_phase_events, most_severe, update_phase_events, wants_rollback, wants_snapshot,
 )
-from vlrl.training.policy import MISMATCH_KEYS
 from vlrl.training.sampler import TaskSampler
-from vlrl.training.seeding import rng_state, set_rng_state
+from vlrl.training.recovery import RecoveryMixin
+from vlrl.training.seeding import rng_state
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +77,9 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     return out
 
 
-class GRPOTrainer:
+class GRPOTrainer(RecoveryMixin):
     """setup -> [load_checkpoint] -> train (step after step) -> save; checkpoints hold everything
-    needed to resume exactly."""
+    needed to resume exactly (save, resume and restart: `vlrl.training.recovery`)."""
 
     def __init__(self, config: RunConfig, run_dir: str | Path, init_adapter: str | None = None,
                  on_step: Callable[[StepMetrics], None] | None = None):
@@ -106,14 +109,14 @@ class GRPOTrainer:
         from vlrl.training.telemetry import RunTelemetry
 
         self.telemetry = RunTelemetry(c, self.run_dir, self.init_adapter)
-        self.worker = self._make_workers()
+        self.worker: WorkerGroup = self._make_workers()
         self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
         self.holdout = list(build_split(c.env, "holdout"))[: c.train.eval_tasks]
         self.metrics_file = self.run_dir / "metrics.jsonl"
         self._start_rng = rng_state()  # where a restart without any checkpoint goes back to
 
-    def _make_workers(self):
-        from vlrl.runtime.worker_group import make_worker_group
+    def _make_workers(self) -> WorkerGroup:
+        from vlrl.training.worker import make_worker_group
 
         c = self.config
         optimizer_steps = c.train.steps * c.algo.ppo_epochs * max(
@@ -282,141 +285,6 @@ class GRPOTrainer:
         (self.run_dir / "evals.json").write_text(json.dumps(self.evals, indent=1))
         return self.worker.save_adapter(self.run_dir / "adapter")
 
-    # -- checkpoints -----------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Checkpoint the current step: adapter, optimizer and scheduler (sharded), every worker's
-        random states, sampler position, metric history and evaluations, config, manifest."""
-        rng_states = self.worker.rng_states()
-        trainer = {
-            "sampler": self.sampler.state_dict(),
-            "split_versions": self._split_versions(),
-            "base_fingerprint": self._base_fingerprint(),
-            "history": self.history,
-            "evals": self.evals,
-            "restarts": self.restarts,
-            "config_changes": self.config_changes,
-            "guards": self.guard_state.as_dict(),
-            "driver_rng": rng_state(),
-        }
-        start = time.perf_counter()
-        path = self.checkpoints.save(
-            self.step_idx, adapter=self.worker.adapter_state(), write_optimizer=self.worker.save_optimizer_state,
-            rng_states=rng_states, trainer=trainer, config_yaml=config_to_yaml(self.config),
-        )
-        self._checkpoint_s += time.perf_counter() - start
-        return Path(path)
-
-    def load_checkpoint(self, resume: str | Path) -> Path | None:
-        """Resume: `auto` takes this run's newest valid checkpoint (a fresh start, logged, when
-        there is none); a path may name a checkpoint, a checkpoints directory or a run directory.
-        A damaged checkpoint is reported and the one before it used; a config that changed in a
-        way that would change the run is refused (`vlrl.training.checkpoint.RESUME_SAFE_KEYS`)."""
-        path = find_checkpoint(str(resume), self.checkpoints.root)
-        if path is None:
-            log.info("no checkpoint in %s yet: starting the run from step 0", self.checkpoints.root)
-            return None
-        self._restore(path)
-        log.info("resumed from %s (step %d of %d)", path, self.step_idx, self.config.train.steps)
-        return Path(path)
-
-    def _restore(self, path: str, after_restart: bool = False, event: str | None = None, **event_fields: Any) -> None:
-        """Put the trainer and its workers in the state of checkpoint `path` (verified).
-
-        A resume also takes the guards' state (LR scale, rollbacks) from the checkpoint; a restart
-        or a guard's rollback (`after_restart`) keeps this process's, which is newer."""
-        ckpt = read_checkpoint(path)
-        changes = check_resume_config(ckpt.config, self.config.model_dump(mode="json"), f"from {path}")
-        self._check_same_base_and_tasks(ckpt.trainer, path)
-        if os.path.dirname(path) == self.checkpoints.root:
-            self.checkpoints.remove_newer_than(ckpt.step)
-        self.worker.load_adapter_state(ckpt.adapter)
-        self.worker.load_optimizer_state(ckpt.optimizer_path)
-        self.worker.sync_adapter(ckpt.step)
-        state = ckpt.trainer
-        self.step_idx = ckpt.step
-        self.sampler.load_state_dict(state["sampler"])
-        self.history, self.evals = state["history"], state["evals"]
-        self.config_changes = state.get("config_changes", [])
-        if not after_restart:
-            self.restarts = int(state.get("restarts", 0))
-            self.guard_state = GuardState.from_dict(state.get("guards"))
-        if self.guard_state.lr_scale != 1.0:
-            self.worker.set_lr_scale(self.guard_state.lr_scale)
-        if changes:
-            self.config_changes.append({"step": ckpt.step, "changed": changes})
-            log.info("resuming with changed config: %s", ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
-        # Random states last: nothing above may draw from them after they are set.
-        self.worker.load_rng_states(ckpt.rng_states)
-        set_rng_state(state["driver_rng"])
-        self._rewrite_metrics()
-        self._write_config()
-        kind = event or ("restart" if after_restart else "resume")
-        self._event(kind, checkpoint=path, step=ckpt.step, changed=changes, **event_fields)
-        self.resumed_from = path
-
-    def _check_same_base_and_tasks(self, state: dict[str, Any], path: str) -> None:
-        """Refuse other base weights or another task generator than the checkpoint's."""
-        saved = state.get("base_fingerprint")
-        if saved and saved != self._base_fingerprint():
-            raise VlrlError(
-                f"cannot resume from {path}: model.path holds other base weights (fingerprint {self._base_fingerprint()}, "
-                f"the checkpoint's {saved})"
-            )
-        for split, version in state.get("split_versions", {}).items():
-            if split_version(self.config.env, split) != version:
-                raise VlrlError(
-                    f"cannot resume from {path}: the {split} split's tasks differ from the checkpoint's "
-                    f"(split version {split_version(self.config.env, split)} vs {version}: another task generator?)"
-                )
-
-    def _split_versions(self) -> dict[str, str]:
-        return {split: split_version(self.config.env, split) for split in ("train", "holdout")}
-
-    def _base_fingerprint(self) -> str:
-        if self._fingerprint is None:
-            self._fingerprint = self.worker.base_fingerprint()
-        return self._fingerprint
-
-    # -- recovery ----------------------------------------------------------------------------
-    def recover(self, error: Exception) -> None:
-        """A worker died: new worker group, back to the newest valid checkpoint (or to the start
-        when there is none yet), up to `runtime.max_restarts` times per process."""
-        limit = self.config.runtime.max_restarts
-        while True:
-            if self.session_restarts >= limit:
-                raise VlrlError(f"{error}; not restarting again (runtime.max_restarts={limit})") from None
-            self.session_restarts += 1
-            self.restarts += 1
-            source = self.checkpoints.newest_valid()
-            if source is None and self.resumed_from and verify(self.resumed_from) is None:
-                source = self.resumed_from  # resumed from another run's checkpoint, none of its own yet
-            log.warning(
-                "%s; restart %d of %d: new workers, continuing from %s", error, self.session_restarts, limit,
-                source or "step 0 (no checkpoint yet)",
-            )
-            self.worker.close()
-            try:
-                self.worker = self._make_workers()
-                if source:
-                    self._restore(source, after_restart=True)
-                else:
-                    self._back_to_start()
-                return
-            except WorkerDiedError as again:
-                error = again
-
-    def _back_to_start(self) -> None:
-        """The state `setup` left (the new workers are freshly seeded already)."""
-        c = self.config
-        self.step_idx = 0
-        self.history, self.evals = [], []
-        self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
-        set_rng_state(self._start_rng)
-        if self.guard_state.lr_scale != 1.0:
-            self.worker.set_lr_scale(self.guard_state.lr_scale)
-        self._rewrite_metrics()
-        self._event("restart", checkpoint=None, step=0, changed={})
-
     # -- stability guards (training/guards.py) ---------------------------------------------------
     def _pre_update_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Adapter, optimizer and scheduler before an update, for a guard's `skip` (LoRA: small)."""
@@ -431,20 +299,13 @@ class GRPOTrainer:
         limit = self.config.train.guards.max_rollbacks
         if self.guard_state.rollbacks >= limit:
             why = f"train.guards.max_rollbacks={limit} reached"
-        elif self._rollback_source() is None:
+        elif self.newest_restorable() is None:
             why = "no valid checkpoint to go back to"
         else:
             return
         for e in rollbacks:
             e.action = "stop"
             e.message += f" (rollback refused: {why})"
-
-    def _rollback_source(self) -> str | None:
-        """The checkpoint a rollback goes back to: this run's newest valid one, else the one it resumed from."""
-        source = self.checkpoints.newest_valid()
-        if source is None and self.resumed_from and verify(self.resumed_from) is None:
-            source = self.resumed_from  # resumed from another run's checkpoint, none of its own yet
-        return source
 
     def _act_on_guards(self, events: list[GuardEvent]) -> None:
         """Record the step's guard events, then roll back or stop when one asks for it (the
@@ -461,7 +322,7 @@ class GRPOTrainer:
             also = "".join(f"; also {e.check}: {e.message}" for e in others)
             raise GuardStop(f"guard {first.check} stopped the run at step {first.step}: {first.message}{also} (checkpoint {path})")
         if action == "rollback":
-            self._rollback(next(e for e in events if e.action == "rollback"), self._rollback_source())
+            self._rollback(next(e for e in events if e.action == "rollback"), self.newest_restorable())
 
     def _rollback(self, cause: GuardEvent, source: str) -> None:
         """Back to checkpoint `source` with the learning rate x train.guards.rollback_lr_factor.

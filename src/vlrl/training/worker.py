@@ -1,8 +1,9 @@
 """A worker: the policy and its rollout engine on one device.
 
-The trainer talks to workers only through the methods below (rollout, update, adapter sync,
-state), so the same loop drives one in-process worker or a group of Ray actors
-(`vlrl.runtime.worker_group.RayWorkerGroup`, one `Worker` per actor).
+The trainer talks to workers only through the `WorkerGroup` protocol (`vlrl.runtime.worker_api`:
+rollout, update, adapter sync, state), which a `Worker` satisfies, so the same loop drives one
+in-process worker or a group of Ray actors (`vlrl.runtime.worker_group.RayWorkerGroup`, one
+`Worker` per actor; `make_worker_group` picks).
 
 One worker (`world_size == 1`): the engine shares the policy's module, so the adapter it samples
 with is the one just trained and a sync only bumps the version.
@@ -26,42 +27,18 @@ import torch
 from vlrl.config import RunConfig
 from vlrl.envs.base import Task
 from vlrl.errors import VlrlError
-from vlrl.rollout.engine import RolloutEngine, SamplingParams, resolve_engine_name
+from vlrl.eval.evaluate import EvalResult
+from vlrl.models.loading import ensure_model, worker_device
+from vlrl.rollout.engine import RolloutEngine, SamplingParams
 from vlrl.rollout.episodes import Episode, RolloutStats, run_episodes
+from vlrl.rollout.factory import resolve_engine_name, sampling_params
 from vlrl.rollout.hf_engine import TransformersEngine
 from vlrl.rollout.sequence import ChatFormat
 from vlrl.runtime import distributed
-from vlrl.training.policy import Policy, UpdatePlan
+from vlrl.runtime.update_plan import UpdatePlan, UpdateStats
+from vlrl.runtime.worker_api import WorkerGroup
+from vlrl.training.policy import Policy
 from vlrl.training.seeding import rng_state, seed_everything, set_rng_state
-
-
-def ensure_model(config: RunConfig) -> Path:
-    """The base model directory, built offline first when `model.init_tiny` asks for it."""
-    path = Path(config.model.path)
-    if not path.exists() and config.model.init_tiny:
-        from vlrl.models.tiny import build_tiny_model
-
-        build_tiny_model(path, size=config.model.init_tiny, seed=0)
-    return path
-
-
-def sampling_params(config: RunConfig, greedy: bool = False, seed: int | None = None) -> SamplingParams:
-    """Sampling of training rollouts (or greedy decoding) from the run's config."""
-    r = config.rollout
-    return SamplingParams(temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
-
-
-def worker_device(config: RunConfig) -> torch.device:
-    """The device this worker trains and samples on: its GPU with `runtime.use_gpu`, else the CPU."""
-    if not config.runtime.use_gpu:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
-        raise VlrlError(
-            f"runtime.use_gpu is true but this worker sees no CUDA device (CUDA_VISIBLE_DEVICES={visible}); "
-            "set runtime.use_gpu=false"
-        )
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 # Left free on the GPU beside the policy's weights and vLLM's share: the policy's activations during
@@ -116,7 +93,7 @@ class Worker:
                 raise ValueError("a worker of a group needs the rendezvous port of rank 0 (master_port)")
             distributed.init_process_group(rank, world_size, master_addr, master_port, self.device, config.runtime.collective_timeout_s)
         seed_everything(config.train.seed)
-        model_dir = ensure_model(config)
+        model_dir = ensure_model(config.model)
         self.model_dir = model_dir
         self.processor = load_processor(model_dir)
         self.chat = ChatFormat(self.processor)
@@ -204,7 +181,7 @@ class Worker:
         self.engine.wake_up()
         return run_episodes(self.engine, self.chat, self.config.env, tasks, group_size, params, self.config.rollout.max_model_len, stats)
 
-    def evaluate(self, tasks: list[Task], greedy: bool, label: str, seed: int | None = None):
+    def evaluate(self, tasks: list[Task], greedy: bool, label: str, seed: int | None = None) -> EvalResult:
         """One episode per task with the current adapter (an `EvalResult`)."""
         from vlrl.eval.evaluate import evaluate_engine
 
@@ -212,7 +189,7 @@ class Worker:
         seed = self.config.train.seed if seed is None else seed
         return evaluate_engine(self.engine, self.chat, self.config, tasks, greedy=greedy, label=label, seed=seed)
 
-    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> dict[str, float]:
+    def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> UpdateStats:
         """The whole update on this worker (one worker only; a group sends each worker its plan)."""
         if self.world_size > 1:
             raise VlrlError("a worker of a group updates through update_shard with its plan (RayWorkerGroup.update)")
@@ -335,3 +312,13 @@ class Worker:
             self._monitor.close()
         if self.world_size > 1:
             distributed.destroy_process_group()
+
+
+def make_worker_group(config: RunConfig, total_optimizer_steps: int, init_adapter: str | None = None) -> WorkerGroup:
+    """The trainer's workers: one in-process `Worker` (runtime.backend=local) or a `RayWorkerGroup`
+    of `runtime.num_workers` of them; both are a `WorkerGroup`."""
+    if config.runtime.backend == "local":
+        return Worker(config, total_optimizer_steps, adapter_dir=init_adapter)
+    from vlrl.runtime.worker_group import RayWorkerGroup
+
+    return RayWorkerGroup(config, total_optimizer_steps, init_adapter, worker_cls=Worker)
