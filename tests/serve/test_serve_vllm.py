@@ -323,6 +323,27 @@ def test_play_matches_offline_evaluation_with_greedy_decoding(served):
     assert len({t["turns"][0]["response"] for t in online.traces}) > 1  # the answers do depend on the maze
 
 
+def test_a_second_env_plays_through_the_server_unchanged(served, ci_model_dir):
+    """The gui env through `vlrl serve` with no special case: the served base model's first turn on
+    gui holdout apps is the one offline evaluation produces (the first turn is sent as the engine
+    tokenizes it; later turns of an untrained model's gibberish are re-tokenized, see above)."""
+    from vlrl.config import load_config
+    from vlrl.envs.base import build_split
+    from vlrl.eval.protocol import evaluate_models
+    from vlrl.serve.play import play_episodes
+
+    config = load_config(ROOT / "configs" / "gui-cpu.yaml", [
+        f"model.path={ci_model_dir}", f"storage.root={served.config.storage.root}", "env.max_turns=1"])
+    n = 3
+    tasks = [build_split(config.env, "holdout")[i] for i in range(n)]
+    (offline,) = evaluate_models(config, [("base", None, None)], split="holdout", limit=n)
+    online = play_episodes(served.url, KEY, Path(ci_model_dir).name, config, tasks, concurrency=n)
+    assert online.summary()["tasks_hash"] == offline.summary()["tasks_hash"]
+    assert {t["env"] for t in online.traces} == {"gui"}
+    assert [t["turns"] for t in online.traces] == [t["turns"] for t in offline.traces]
+    assert online.summary()["group_label"] == "level"
+
+
 def test_cli_play_prints_the_eval_table(served, ci_model_dir):
     r = subprocess.run(
         [sys.executable, "-m", "vlrl.cli", "play", "--url", served.url, "--model", "maze", "--split", "holdout", "-n", "1",
