@@ -19,6 +19,7 @@ from transformers.utils import logging as hf_logging
 
 from vlrl.config import ModelConfig, RunConfig
 from vlrl.errors import VlrlError
+from vlrl.models.qwen_vl_batched import use_batched_vision
 
 # Tiny models load in milliseconds and big ones are loaded by every worker: transformers'
 # per-load progress bars would only flood logs and job output.
@@ -102,6 +103,7 @@ def load_policy_model(
     except (OSError, ValueError) as exc:  # missing/corrupt weight files, unknown attention backend
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise VlrlError(f"cannot load model from {model_dir}: {first_line}") from exc
+    use_batched_vision(model)  # same outputs, one attention call for all same-size images
     return model.to(device)
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from vlrl.algo.grpo import token_logprobs
+from vlrl.models.qwen_vl_batched import forward_inputs, mrope_position_ids, spatial_merge_size
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence, collate
 
@@ -366,6 +367,7 @@ class _StaticDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = float(self.layers[0].input_layernorm.variance_epsilon)
+        self.merge_size = spatial_merge_size(base)
         self.use_graphs = True
         self.states: OrderedDict[tuple, _DecodeState] = OrderedDict()
         self.step_fn: Callable = self._step
@@ -459,16 +461,16 @@ class _StaticDecoder:
         """One forward over the unique prompts: last-position logits, the per-layer KV cache, the
         attention mask and each prompt's next M-RoPE position (positions as `generate` makes them)."""
         batch = collate(prompts, pad_id, side="left")
-        ids = batch["input_ids"].to(device)
-        mask = batch["attention_mask"].to(device)
+        rope = mrope_position_ids(batch, self.merge_size)  # on the CPU batch: no per-image loop or sync
+        inputs = forward_inputs(batch, device, None)
+        mask = inputs["attention_mask"]
         text_pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-        if "pixel_values" in batch:
-            for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids"):
-                inputs[k] = batch[k].to(device)
+        if rope is not None:
+            rope = rope.to(device)
+        elif "pixel_values" in batch:  # not Qwen3-VL's M-RoPE: the model's own computation
             rope, _ = self.vlm.get_rope_index(
-                ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],
-                attention_mask=mask,
+                inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                image_grid_thw=inputs["image_grid_thw"], attention_mask=mask,
             )
         else:
             rope = text_pos[None].expand(3, -1, -1)

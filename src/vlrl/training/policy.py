@@ -38,6 +38,7 @@ from vlrl.algo.grpo import (
 )
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
+from vlrl.models.qwen_vl_batched import forward_inputs, spatial_merge_size
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
 from vlrl.runtime.update_plan import UpdatePlan, UpdateStats, combine_update_stats, loss_units, make_update_plans, merge_stat
@@ -74,12 +75,11 @@ class Policy:
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config, total_optimizer_steps))
         self.device = next(model.parameters()).device
+        self.merge_size = spatial_merge_size(model)  # M-RoPE positions are computed on the CPU batch
 
     # -- scoring -------------------------------------------------------------------------
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
-        inputs = {k: batch[k].to(self.device) for k in keys if k in batch}
-        return self.model(**inputs, use_cache=False).logits
+        return self.model(**forward_inputs(batch, self.device, self.merge_size), use_cache=False).logits
 
     def score(self, sequences: list[MultimodalSequence], with_adapter: bool = True, entropy: bool = False):
         """Log-probs (and optionally entropies) of every next token; [B, T-1] tensors plus the batch."""

@@ -32,6 +32,7 @@ from vlrl.config import RunConfig
 from vlrl.algo.grpo import token_logprobs
 from vlrl.envs.base import Task, build_split, env_class, make_env
 from vlrl.errors import VlrlError
+from vlrl.models.qwen_vl_batched import FORWARD_KEYS, spatial_merge_size, with_position_ids
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,7 @@ def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: rand
 
 def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torch.Tensor:
     """Mean NLL of the masked tokens, with the same vision-token suppression as sampling."""
-    keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
-    logits = model(**{k: batch[k] for k in keys if k in batch}, use_cache=False).logits[:, :-1]
+    logits = model(**{k: batch[k] for k in FORWARD_KEYS if k in batch}, use_cache=False).logits[:, :-1]
     logp = token_logprobs(logits, batch["input_ids"][:, 1:], 1.0, suppress)
     mask = batch["loss_mask"][:, 1:]
     # Prompt positions may hold suppressed vision tokens (log-prob -inf): select, don't multiply.
@@ -86,9 +86,14 @@ class TranscriptBatches:
     then depends on (seed, epoch, task), so a run is reproducible whatever the worker count.
     """
 
-    def __init__(self, config: RunConfig, chat: ChatFormat, tasks: list[Task], pad_id: int):
-        self.config, self.chat, self.tasks, self.pad_id = config, chat, tasks, pad_id
+    def __init__(self, config: RunConfig, chat: ChatFormat, tasks: list[Task], pad_id: int, merge_size: int | None = None):
+        """`merge_size` (the model's `spatial_merge_size`): batches also carry their M-RoPE
+        position ids, computed where the batch is built (in the workers, off the training loop)."""
+        self.config, self.chat, self.tasks, self.pad_id, self.merge_size = config, chat, tasks, pad_id, merge_size
         self._cached: list[MultimodalSequence] | None = None
+
+    def _collate(self, seqs: list[MultimodalSequence]) -> dict[str, torch.Tensor]:
+        return with_position_ids(collate(seqs, self.pad_id, side="right"), self.merge_size)
 
     def epoch(self, epoch: int, rng: random.Random, workers: int) -> Iterator[dict[str, torch.Tensor]]:
         size = self.config.train.sft.batch_size
@@ -98,7 +103,7 @@ class TranscriptBatches:
             order = list(range(len(self.tasks)))
             rng.shuffle(order)
             for b in range(0, len(order), size):
-                yield collate([self._cached[i] for i in order[b : b + size]], self.pad_id, side="right")
+                yield self._collate([self._cached[i] for i in order[b : b + size]])
             return
         order = list(range(len(self.tasks)))
         rng.shuffle(order)
@@ -113,7 +118,7 @@ class TranscriptBatches:
         torch.set_num_threads(1)  # many small workers, not one that takes every core
         seqs = [oracle_transcript(self.config, self.chat, self.tasks[i],
                                   random.Random(f"{self.config.train.seed}/{epoch}/{i}")) for i in indices]
-        return collate(seqs, self.pad_id, side="right")
+        return self._collate(seqs)
 
 
 TARGET_WINDOW = 20  # steps averaged for train.sft.target_loss
@@ -199,7 +204,7 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     # SFT reads the END of the training split so that GRPO (which starts at its shuffled
     # beginning) mostly sees tasks the warm start did not.
     tasks = [split[len(split) - 1 - i] for i in range(min(s.episodes, len(split)))]
-    batches = TranscriptBatches(config, chat, tasks, pad)
+    batches = TranscriptBatches(config, chat, tasks, pad, spatial_merge_size(model))
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr)
