@@ -13,6 +13,9 @@ property instead of assuming it.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,8 @@ from PIL import Image
 
 from vlrl.envs.base import Observation
 from vlrl.errors import VlrlError
+
+log = logging.getLogger(__name__)
 
 _PLACEHOLDER = "\x00VLRL_RESPONSE\x00"
 
@@ -72,12 +77,21 @@ class MultimodalSequence:
 class ChatFormat:
     """Builds token pieces of a conversation with a processor's chat template and image processor."""
 
-    def __init__(self, processor: Any):
+    def __init__(self, processor: Any, image_cache_mb: int = 512):
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.eos_id: int = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         if self.eos_id is None or self.eos_id == self.tokenizer.unk_token_id:
             self.eos_id = self.tokenizer.eos_token_id
+        # The direct path (`_encode`): None until its first result has been checked against the processor's.
+        self._direct: bool | None = None
+        self._text_ids: dict[str, list[int]] = {}
+        self._suffixes: dict[tuple[str, int], str] = {}
+        self._images = _ImageCache(image_processor=getattr(processor, "image_processor", None), max_bytes=image_cache_mb << 20)
+        self._image_token = getattr(processor, "image_token", None)
+        self._image_token_id = self.tokenizer.convert_tokens_to_ids(self._image_token) if self._image_token else None
+        merge = getattr(getattr(processor, "image_processor", None), "merge_size", None)
+        self._merge = int(merge) if merge else None
 
     # -- text of the template -----------------------------------------------------------
     @staticmethod
@@ -91,6 +105,55 @@ class ChatFormat:
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
     def _encode(self, text: str, images: list[Image.Image]) -> MultimodalSequence:
+        """Token ids, image placeholders expanded, and the processed images of one piece of text.
+
+        The processor's call costs ~2 ms a piece (kwargs merging, tokenizing twice, tensor
+        conversion), more than the environment's step; a multi-turn rollout encodes one piece per
+        episode per turn. So, once a first piece encoded both ways came out identical, pieces are
+        built directly: the text's ids (memoised: the env's texts repeat), each image placeholder
+        repeated as the processor repeats it (patches / merge^2), and the image processor's output
+        for each image (memoised by pixel content: episodes of a group often see the same screen).
+        If the two ways ever differ, the processor is used from then on.
+        """
+        if images and self._direct is not False:
+            direct = self._encode_direct(text, images)
+            if direct is not None and self._direct:
+                return direct
+            reference = self._encode_with_processor(text, images)
+            self._direct = direct is not None and _same_piece(direct, reference)
+            if direct is not None and not self._direct:
+                log.warning("encoding pieces without the processor gave other tokens or pixels; using the processor from now on")
+            return reference
+        return self._encode_with_processor(text, images)
+
+    def _encode_direct(self, text: str, images: list[Image.Image]) -> MultimodalSequence | None:
+        if self._image_token_id is None or not self._merge or self._images.image_processor is None:
+            return None
+        ids = self._text_ids.get(text)
+        if ids is None:
+            if len(self._text_ids) >= 4096:
+                self._text_ids.clear()
+            ids = self._text_ids[text] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        processed = [self._images.get(image) for image in images]
+        out: list[int] = []
+        image = 0
+        for t in ids:
+            if t != self._image_token_id:
+                out.append(t)
+                continue
+            if image >= len(processed):
+                return None
+            out += [t] * (int(processed[image][1].prod()) // self._merge**2)
+            image += 1
+        if image != len(processed):
+            return None
+        return MultimodalSequence(
+            token_ids=out, loss_mask=[0] * len(out), logprobs=[0.0] * len(out),
+            mm_token_type_ids=[int(t == self._image_token_id) for t in out], images=list(images),
+            pixel_values=[p for p, _ in processed], image_grid_thw=[g for _, g in processed],
+        )
+
+    def _encode_with_processor(self, text: str, images: list[Image.Image]) -> MultimodalSequence:
         if images:
             out = self.processor(text=[text], images=images, return_tensors="pt")
             grids = list(out["image_grid_thw"])
@@ -124,18 +187,64 @@ class ChatFormat:
         token; when it was cut by the token budget the end-of-turn token is added here, as an
         environment token (loss mask 0).
         """
-        before = [self._message("user", text="x")]
-        after = before + [self._message("assistant", text=_PLACEHOLDER), self._message("user", obs)]
-        head = self._render(before, True)
-        full = self._render(after, True)
-        if not full.startswith(head + _PLACEHOLDER):
-            raise VlrlError("the model's chat template rewrites earlier turns; multi-turn token sequences need an append-only template")
-        suffix = full[len(head) + len(_PLACEHOLDER) :]
-        piece = self._encode(suffix, obs.images)
+        piece = self._encode(self._observation_suffix(obs.text, len(obs.images)), obs.images)
         if response_ended and piece.token_ids and piece.token_ids[0] == self.eos_id:
             for name in ("token_ids", "loss_mask", "logprobs", "mm_token_type_ids"):
                 del getattr(piece, name)[0]
         return piece
+
+
+    def _observation_suffix(self, text: str, images: int) -> str:
+        """The template text after the model's response, up to the next assistant header
+        (memoised: it depends only on the observation's text and image count)."""
+        key = (text, images)
+        suffix = self._suffixes.get(key)
+        if suffix is None:
+            obs = Observation([None] * images, text)
+            before = [self._message("user", text="x")]
+            after = before + [self._message("assistant", text=_PLACEHOLDER), self._message("user", obs)]
+            head = self._render(before, True)
+            full = self._render(after, True)
+            if not full.startswith(head + _PLACEHOLDER):
+                raise VlrlError("the model's chat template rewrites earlier turns; multi-turn token sequences need an append-only template")
+            if len(self._suffixes) >= 4096:
+                self._suffixes.clear()
+            suffix = self._suffixes[key] = full[len(head) + len(_PLACEHOLDER) :]
+        return suffix
+
+
+class _ImageCache:
+    """The image processor's output per image, memoised by pixel content (bounded in bytes, LRU)."""
+
+    def __init__(self, image_processor: Any, max_bytes: int):
+        self.image_processor = image_processor
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.entries: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def get(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
+        key = hashlib.blake2b(f"{image.mode}{image.size}".encode() + image.tobytes(), digest_size=16).digest()
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+            return hit
+        out = self.image_processor(images=[image], return_tensors="pt")
+        entry = (out["pixel_values"], out["image_grid_thw"][0])
+        size = entry[0].numel() * entry[0].element_size()
+        if size <= self.max_bytes:
+            self.entries[key] = entry
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (pixels, _) = self.entries.popitem(last=False)
+                self.bytes -= pixels.numel() * pixels.element_size()
+        return entry
+
+
+def _same_piece(a: MultimodalSequence, b: MultimodalSequence) -> bool:
+    return (a.token_ids == b.token_ids and a.mm_token_type_ids == b.mm_token_type_ids
+            and len(a.pixel_values) == len(b.pixel_values)
+            and all(torch.equal(x, y) for x, y in zip(a.pixel_values, b.pixel_values))
+            and all(torch.equal(x, y) for x, y in zip(a.image_grid_thw, b.image_grid_thw)))
 
 
 def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right") -> dict[str, torch.Tensor]:
