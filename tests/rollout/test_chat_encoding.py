@@ -78,3 +78,30 @@ def test_a_direct_piece_that_differs_falls_back_to_the_processor_for_good(proces
     assert "using the processor from now on" in caplog.text
     assert piece.token_ids == reference.prompt(system, obs).token_ids
     assert chat.prompt(system, obs).token_ids == piece.token_ids
+
+
+@pytest.mark.parametrize("size", [(48, 48), (144, 144), (128, 96), (16, 224)])
+def test_direct_pixels_equal_the_image_processors_on_every_value(processor, size):
+    import numpy as np
+    from PIL import Image
+
+    from vlrl.rollout.sequence import _ImageCache
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+    pixels, grid = _ImageCache(processor.image_processor, 1 << 20)._direct(image)
+    reference = processor.image_processor(images=[image], return_tensors="pt")
+    assert torch.equal(pixels, reference["pixel_values"]) and torch.equal(grid, reference["image_grid_thw"][0])
+
+
+def test_direct_pixels_leave_other_images_to_the_processor(processor):
+    from PIL import Image
+
+    from vlrl.rollout.sequence import _ImageCache
+
+    cache = _ImageCache(processor.image_processor, 1 << 20)
+    assert cache._direct(Image.new("RGBA", (48, 48))) is None  # the processor converts it first
+    assert cache._direct(Image.new("RGB", (50, 50))) is None  # the processor resizes it
+    pixels, _ = cache.get(Image.new("RGB", (50, 50), (9, 99, 199)))
+    reference = processor.image_processor(images=[Image.new("RGB", (50, 50), (9, 99, 199))], return_tensors="pt")
+    assert torch.equal(pixels, reference["pixel_values"])

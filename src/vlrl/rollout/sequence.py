@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -221,6 +222,7 @@ class _ImageCache:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.entries: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._lut: np.ndarray | None = None  # [C, 256]: the processor's value of each uint8 per channel
 
     def get(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
         key = hashlib.blake2b(f"{image.mode}{image.size}".encode() + image.tobytes(), digest_size=16).digest()
@@ -228,8 +230,10 @@ class _ImageCache:
         if hit is not None:
             self.entries.move_to_end(key)
             return hit
-        out = self.image_processor(images=[image], return_tensors="pt")
-        entry = (out["pixel_values"], out["image_grid_thw"][0])
+        entry = self._direct(image)
+        if entry is None:
+            out = self.image_processor(images=[image], return_tensors="pt")
+            entry = (out["pixel_values"], out["image_grid_thw"][0])
         size = entry[0].numel() * entry[0].element_size()
         if size <= self.max_bytes:
             self.entries[key] = entry
@@ -238,6 +242,39 @@ class _ImageCache:
                 _, (pixels, _) = self.entries.popitem(last=False)
                 self.bytes -= pixels.numel() * pixels.element_size()
         return entry
+
+
+    def _direct(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What Qwen2-VL's image processor computes for an RGB image it would not resize, as a table
+        lookup (its float64 rescale and float32 normalise of each uint8 value) and its patch layout;
+        None for any other image or processor. ChatFormat checks a first result against the processor."""
+        ip = self.image_processor
+        if image.mode != "RGB" or not all(hasattr(ip, a) for a in ("patch_size", "merge_size", "temporal_patch_size", "size")):
+            return None
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        p, m, tp = int(ip.patch_size), int(ip.merge_size), int(ip.temporal_patch_size)
+        w, h = image.size
+        size = ip.size
+        if smart_resize(h, w, factor=p * m, min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"]) != (h, w):
+            return None
+        if self._lut is None:
+            # Every uint8 value per channel through the processor's arithmetic, once: elementwise
+            # float operations give the same result on a table of values as on an image.
+            x = np.arange(256, dtype=np.uint8)[None, :].repeat(3, axis=0)  # [C, 256] as a 1-pixel-high CHW
+            if ip.do_rescale:
+                x = (x.astype(np.float64) * ip.rescale_factor).astype(np.float32)
+            x = x.astype(np.float32)
+            if ip.do_normalize:
+                mean, std = (np.array(v, dtype=np.float32) for v in (ip.image_mean, ip.image_std))
+                x = ((x.T - mean) / std).T
+            self._lut = np.ascontiguousarray(x)
+        pixels = np.asarray(image).transpose(2, 0, 1)  # CHW uint8
+        x = np.stack([self._lut[c][pixels[c]] for c in range(3)])
+        gh, gw = h // p, w // p
+        x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+        x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], tp, p, p)).reshape(gh * gw, 3 * tp * p * p)
+        return torch.from_numpy(np.ascontiguousarray(x)), torch.tensor([1, gh, gw])
 
 
 def _same_piece(a: MultimodalSequence, b: MultimodalSequence) -> bool:
