@@ -183,7 +183,7 @@ class SftConfig(Section):
     lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",
-        description="`constant`, `linear` or `cosine` decay to 0 after the warm-up. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; with batches of 16 and a linear decay it never got there (bench/RESULTS.md).",
+        description="`constant`, `linear` or `cosine` decay to 0 after the warm-up; with `max_minutes` the decay follows whichever of steps and time is further along, so a run the budget ends has decayed by then. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; with batches of 16 and a linear decay it never got there (bench/RESULTS.md).",
     )
     batch_size: int = Field(16, ge=1, description="Transcripts per optimizer step.")
     target_loss: float | None = Field(

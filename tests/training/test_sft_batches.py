@@ -21,6 +21,11 @@ def test_lr_factor_warms_up_then_follows_the_schedule():
     assert lr_factor(104, "linear", 4, 104) == 0.0
     assert math.isclose(lr_factor(54, "cosine", 4, 104), 0.5) and math.isclose(lr_factor(104, "cosine", 4, 104), 0.0, abs_tol=1e-12)
     assert lr_factor(10, "linear", 0, 10) == 0.0  # no warm-up: the old `1 - i / total`
+    # A time budget further along than the steps drives the decay; constant stays constant.
+    assert lr_factor(14, "linear", 4, 104, time_fraction=0.5) == 0.5
+    assert lr_factor(94, "linear", 4, 104, time_fraction=0.5) == pytest.approx(0.1)  # steps further along
+    assert math.isclose(lr_factor(14, "cosine", 4, 104, time_fraction=1.0), 0.0, abs_tol=1e-12)
+    assert lr_factor(14, "constant", 4, 104, time_fraction=0.9) == 1.0
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.5])

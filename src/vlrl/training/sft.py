@@ -67,13 +67,18 @@ def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torc
     return -torch.where(mask > 0, logp, 0.0).sum() / mask.sum().clamp(min=1)
 
 
-def lr_factor(step: int, schedule: str, warmup: int, total: int) -> float:
-    """The learning-rate multiplier at optimizer step `step`: linear warm-up, then the schedule."""
+def lr_factor(step: int, schedule: str, warmup: int, total: int, time_fraction: float = 0.0) -> float:
+    """The learning-rate multiplier at optimizer step `step`: linear warm-up, then the schedule.
+
+    `time_fraction` (the share of `train.sft.max_minutes` used so far): a decaying schedule runs
+    on whichever of steps and time is further along, so that a run the budget ends has decayed
+    its rate by then instead of stopping at full rate.
+    """
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, max((step - warmup) / max(1, total - warmup), time_fraction))
     return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -209,18 +214,22 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr)
     total = s.epochs * -(-len(tasks) // s.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, schedule=s.lr_schedule, warmup=s.warmup_steps, total=total))
     model.train()
     history, step = [], 0
     started = time.monotonic()
+    budget_s = 60 * s.max_minutes if s.max_minutes is not None else None
     out_of_time = False
     for epoch in range(s.epochs):
         for batch in batches.epoch(epoch, rng, workers=s.data_workers):
             if reached_target(history, s.target_loss):
                 break
-            if s.max_minutes is not None and time.monotonic() - started > 60 * s.max_minutes:
+            elapsed = time.monotonic() - started
+            if budget_s is not None and elapsed > budget_s:
                 out_of_time = True
                 break
+            factor = lr_factor(step, s.lr_schedule, s.warmup_steps, total, elapsed / budget_s if budget_s else 0.0)
+            for group in opt.param_groups:
+                group["lr"] = s.lr * factor
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with autocast:
                 loss = sft_loss(model, batch, suppress)
@@ -228,9 +237,8 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm)
             opt.step()
-            sched.step()
             step += 1
-            history.append({"step": step, "epoch": epoch, "loss": float(loss.detach()),
+            history.append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": s.lr * factor,
                             "seconds": round(time.monotonic() - started, 2)})
             if progress:
                 progress(step, total, float(loss.detach()))
