@@ -85,11 +85,18 @@ PY
 )
   stamp "GRPO to step $steps, then the final evaluation"
   grpo 9 train.steps=$steps
+  # Everything of the evaluation goes to $FINAL; $OUT gets the summary files and one archive
+  # (the device returns at most 8 files, two folders down).
+  FINAL=$WORK/final
   stamp "evaluation: base, SFT, GRPO on holdout and adversarial (greedy)"
-  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$OUT" -- "${GRPO_SET[@]}"
+  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" -- "${GRPO_SET[@]}"
   echo "eval exit $?"
-  for d in "$OUT"/eval-*; do $PY -m vlrl.cli eval-verify "$d" | tail -3; done
-  $PY -m vlrl.cli report $RUN --out "$OUT/report.html" && echo "report written"
+  stamp "re-verifying the saved traces"
+  for d in "$FINAL"/eval-*; do echo "$d"; $PY -m vlrl.cli eval-verify "$d" | tail -3; done
+  $PY -m vlrl.cli report $RUN --out "$FINAL/report.html" && echo "report written"
+  cp $RUN/metrics.jsonl $RUN/evals.json $RUN/run-events.jsonl $WORK/sft-model/sft_history.json "$FINAL/" 2>/dev/null
+  cp "$FINAL/gpu_maze9_eval.json" "$FINAL/learning_curve.png" "$FINAL/report.html" "$OUT/" 2>/dev/null
+  tar czf "$OUT/maze9-final.tgz" -C "$FINAL" . && ls -la "$OUT"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
