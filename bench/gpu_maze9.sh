@@ -3,9 +3,10 @@
 # 10 minutes each, run back to back while the GPU machine stays warm (its /tmp survives 30 s
 # between calls): the run checkpoints and resumes across them.
 #
-#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # model, SFT, first GRPO steps
+#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # overhead check, model, SFT (7 min)
 #   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh grpo")    # GRPO, --resume auto
-#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh final")   # last GRPO steps, evaluation, report
+#   run(carry=[".gpuwhl"], command="OUT=$OUT FINAL_GRPO_S=270 bash bench/gpu_maze9.sh final")   # last GRPO steps, evaluation, report
+# With the machine's start that is ~29 of a session's 30 device minutes: send them with nothing in between.
 #
 # .gpuwhl holds pydantic's wheels, the only vlrl dependency the GPU image lacks on this path:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -55,6 +56,11 @@ grpo() {  # GRPO for at most $1 minutes (it checkpoints and exits 75 when the bu
 
 case "$STAGE" in
 sft)
+  if [ -z "${SMOKE:-}" ]; then  # what the per-image loops cost on this GPU, and that the batched paths agree (~30 s)
+    stamp "per-image overhead: transformers' paths against the batched ones, 64 episodes"
+    timeout 150 $PY bench/per_image_overhead.py --episodes 64 --device cuda --model-dir $WORK/model \
+      --out "$OUT/per_image_overhead.json" | tail -8
+  fi
   stamp "SFT: the random maze9 model behaviour-clones the oracle (train.sft.max_minutes)"
   $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" -o $WORK/sft-model
   echo "sft exit $?"
