@@ -8,7 +8,7 @@ TIMING_PREFIXES = ("time/", "throughput/")
 
 
 def same(a, b) -> bool:
-    """Equality where NaN equals NaN (an evaluation without successes has NaN mean turns)."""
+    """Equality where NaN equals NaN (a record may hold non-finite values, e.g. under fault injection)."""
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     if isinstance(a, dict) and isinstance(b, dict):

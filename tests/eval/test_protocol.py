@@ -44,6 +44,13 @@ def test_evaluation_saves_traces_that_reverify_the_success_rate(ci_config, tmp_p
     assert summary["tasks_hash"] == tasks_hash(list(build_split(cfg.env, "holdout"))[:4])
     assert summary["by_group"]["3x3"]["n"] == 4 and summary["group_label"] == "maze size" and summary["successes"] == round(4 * summary["success_rate"])
     assert json.loads((tmp_path / "eval" / "results.json").read_text())[0]["dir"] == "base"
+    # The random base wins nothing: its mean turns of won episodes are null, and summary.json is
+    # strict JSON (no NaN, which strict readers reject).
+    def no_constants(name):
+        raise AssertionError(f"{name} in summary.json")
+
+    saved = json.loads((tmp_path / "eval" / "base" / "summary.json").read_text(), parse_constant=no_constants)
+    assert saved["successes"] == 0 and saved["mean_turns_success"] is None and saved["by_group"]["3x3"]["mean_optimal_turns_success"] is None
     traces = [json.loads(line) for line in (tmp_path / "eval" / "base" / "traces.jsonl").read_text().splitlines()]
     replays = [replay_trace(t) for t in traces]
     assert all(r["matches"] for r in replays)

@@ -54,8 +54,9 @@ def _group_row(episodes: list[dict[str, Any]]) -> dict[str, Any]:
         "success_low": lo,
         "success_high": hi,
         "mean_turns": turns / max(1, len(episodes)),
-        "mean_turns_success": sum(e.get("turns", 0.0) for e in won) / len(won) if won else float("nan"),
-        "mean_optimal_turns_success": sum(e.get("optimal_turns", 0.0) for e in won) / len(won) if won else float("nan"),
+        # None (JSON null) when nothing was won: strict JSON readers reject NaN.
+        "mean_turns_success": sum(e.get("turns", 0.0) for e in won) / len(won) if won else None,
+        "mean_optimal_turns_success": sum(e.get("optimal_turns", 0.0) for e in won) / len(won) if won else None,
         "invalid_rate": sum(e.get("invalid_actions", 0.0) for e in episodes) / max(1.0, turns),
     }
 
@@ -155,7 +156,7 @@ def evaluate_engine(
 
 
 def _turns(row: dict[str, Any]) -> str:
-    if row["mean_turns_success"] != row["mean_turns_success"]:  # NaN: nothing won
+    if row["mean_turns_success"] is None:  # nothing won
         return "-"
     return f"{row['mean_turns_success']:.2f} / {row['mean_optimal_turns_success']:.2f}"
 

@@ -153,7 +153,9 @@ def load_run(run_dir: str | Path) -> RunData:
 # -- rendering -------------------------------------------------------------------------------------
 
 def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
         return str(value)
     if isinstance(value, float):
         if math.isnan(value):
