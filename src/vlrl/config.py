@@ -66,6 +66,12 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1.0 for unbiased policy-gradient log-probs).")
     max_new_tokens: int = Field(32, ge=1, description="Token budget of one model turn.")
     batch_size: int = Field(64, ge=1, description="Most conversations sent to the engine in one generate call.")
+    max_batch_tokens: int | None = Field(
+        None, ge=64,
+        description="transformers engine: most prompt tokens in one prefill (rows x longest prompt, padding "
+        "included); a batch over it is split. Long conversations (13x13 mazes, 18 turns) otherwise need "
+        "memory in proportion to batch_size x length. None: batch_size alone decides.",
+    )
     max_model_len: int = Field(4096, ge=64, description="Longest conversation (prompt + all turns) in tokens.")
     gpu_memory_utilization: float | Literal["auto"] = Field(
         0.5,

@@ -146,3 +146,19 @@ def test_auto_keeps_the_generate_path_on_cpu(parts):
     assert engine.timings == {} and engine._decoder is None
     with pytest.raises(ValueError):
         _engine(parts, "on")
+
+
+def test_token_budget_splits_batches_and_keeps_results(parts):
+    # rollout.max_batch_tokens: a budget below two prompts' padded length runs each prompt in a batch
+    # of its own (what keeps 13x13 mazes from running the GPU out of memory), with the same completions.
+    prompts = parts[3]
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
+    whole = _engine(parts, True, batch_size=64).generate(prompts, greedy)
+    engine = _engine(parts, True, batch_size=64, max_batch_tokens=max(len(p) for p in prompts) + 1)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    assert engine._batches(order, [len(p) for p in prompts], 2) == [[i] for i in order]
+    _assert_same(whole, engine.generate(prompts, greedy))
+    # Budgets count padded tokens of the batch's longest prompt; rows still cap at batch_size / n.
+    e = _engine(parts, True, batch_size=4, max_batch_tokens=100)
+    assert e._batches([0, 1, 2, 3, 4], [10, 10, 20, 30, 200], 2) == [[0, 1], [2, 3], [4]]
+    assert _engine(parts, True, batch_size=64)._batches([0, 1, 2], [10, 20, 30], 4) == [[0, 1, 2]]

@@ -137,6 +137,7 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     pad = tok.pad_token_id if tok.pad_token_id is not None else chat.eos_id
     engine = TransformersEngine(model, tok, vision_special_token_ids(processor), eos_token_id=chat.eos_id,
                                 pad_token_id=pad, batch_size=config.rollout.batch_size,
+                                max_batch_tokens=config.rollout.max_batch_tokens,
                                 fast_decode=config.rollout.fast_decode, compile_decode=config.rollout.compile_decode)
     return engine, chat
 

@@ -59,6 +59,7 @@ class TransformersEngine(RolloutEngine):
         eos_token_id: int,
         pad_token_id: int,
         batch_size: int = 64,
+        max_batch_tokens: int | None = None,
         shares_policy: bool = False,
         fast_decode: FastDecode = "auto",
         compile_decode: bool = False,
@@ -67,7 +68,8 @@ class TransformersEngine(RolloutEngine):
         """`fast_decode`: "auto" uses the static-cache decoder on CUDA and `generate` elsewhere; True
         uses it wherever it can (eagerly on CPU); False always uses `generate`. `compile_decode`
         additionally compiles the decode step with torch.compile (CUDA; costs a compile per shape).
-        `ignore_eos` (benchmarks): every completion is exactly max_new_tokens long, the
+        `max_batch_tokens`: most prompt tokens (rows x longest, padding included) one prefill
+        holds; a call over it runs in several batches. `ignore_eos` (benchmarks): every completion is exactly max_new_tokens long, the
         end-of-turn token is never sampled."""
         if fast_decode not in (True, False, "auto"):
             raise ValueError(f"fast_decode must be True, False or 'auto', got {fast_decode!r}")
@@ -77,6 +79,7 @@ class TransformersEngine(RolloutEngine):
         self.eos_id = eos_token_id
         self.pad_id = pad_token_id
         self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.shares_policy = shares_policy
         self.fast_decode = fast_decode
         self.compile_decode = compile_decode
@@ -113,9 +116,7 @@ class TransformersEngine(RolloutEngine):
             # Prompts of similar length batch together with less padding; results keep input order.
             order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
             by_index: dict[int, list[Completion]] = {}
-            step = max(1, self.batch_size // max(1, params.n))
-            for start in range(0, len(order), step):
-                chunk = order[start : start + step]
+            for chunk in self._batches(order, [len(p) for p in prompts], params.n):
                 batch = [prompts[i] for i in chunk]
                 outs = self._fast_generate_batch(batch, params) if fast else self._generate_batch(batch, params)
                 for i, comps in zip(chunk, outs):
@@ -124,6 +125,24 @@ class TransformersEngine(RolloutEngine):
             return results
         finally:
             self.model.train(was_training)
+
+    def _batches(self, order: list[int], lengths: list[int], n: int) -> list[list[int]]:
+        """`order` (prompt indices, shortest first) cut into generate batches: at most batch_size
+        rows (n per prompt) and, with max_batch_tokens, at most that many padded prompt tokens
+        (a prompt longer than the budget alone still goes, alone)."""
+        per_batch = max(1, self.batch_size // max(1, n))
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            # Sorted by length, so the prompt being added is the batch's longest.
+            over_tokens = self.max_batch_tokens is not None and (len(current) + 1) * lengths[i] > self.max_batch_tokens
+            if current and (len(current) == per_batch or over_tokens):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
 
     # -- the generate path ------------------------------------------------------------------
     def _generate_batch(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:

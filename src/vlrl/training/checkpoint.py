@@ -94,6 +94,7 @@ RESUME_SAFE_KEYS = (
     "rollout.fast_decode",
     "rollout.compile_decode",
     "rollout.batch_size",
+    "rollout.max_batch_tokens",
     "rollout.gpu_memory_utilization",
     "rollout.kv_cache_memory_mb",
     "model.path",  # a moved model: its weights' fingerprint must still match (checked separately)

@@ -167,7 +167,8 @@ class Worker:
         return TransformersEngine(
             model, self.processor.tokenizer, self.suppress,
             eos_token_id=self.chat.eos_id, pad_token_id=self.pad_id,
-            batch_size=self.config.rollout.batch_size, shares_policy=shares,
+            batch_size=self.config.rollout.batch_size,
+            max_batch_tokens=self.config.rollout.max_batch_tokens, shares_policy=shares,
             fast_decode=self.config.rollout.fast_decode, compile_decode=self.config.rollout.compile_decode,
         )
 
