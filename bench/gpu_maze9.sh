@@ -3,10 +3,13 @@
 # 10 minutes each, run back to back while the GPU machine stays warm (its /tmp survives 30 s
 # between calls): the run checkpoints and resumes across them.
 #
-#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # overhead check, model, SFT (7 min)
+#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # model, SFT (7 min), first GRPO steps
 #   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh grpo")    # GRPO, --resume auto
-#   run(carry=[".gpuwhl"], command="OUT=$OUT FINAL_GRPO_S=270 bash bench/gpu_maze9.sh final")   # last GRPO steps, evaluation, report
+#   run(carry=[".gpuwhl"], command="OUT=$OUT FINAL_GRPO_S=60 bash bench/gpu_maze9.sh final")   # last GRPO step(s), evaluation, report
 # With the machine's start that is ~29 of a session's 30 device minutes: send them with nothing in between.
+# The final evaluation (3 models x 500 holdout + 500 adversarial mazes) takes ~7 of its 10 minutes
+# (2026-12-01: holdout 164 s), so FINAL_GRPO_S leaves it room. OVERHEAD=1 first runs
+# bench/per_image_overhead.py on the GPU (~2 min with its start; measured 2026-12-01, so off by default).
 #
 # .gpuwhl holds pydantic's wheels, the only vlrl dependency the GPU image lacks on this path:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -56,7 +59,7 @@ grpo() {  # GRPO for at most $1 minutes (it checkpoints and exits 75 when the bu
 
 case "$STAGE" in
 sft)
-  if [ -z "${SMOKE:-}" ]; then  # what the per-image loops cost on this GPU, and that the batched paths agree (~30 s)
+  if [ -n "${OVERHEAD:-}" ] && [ -z "${SMOKE:-}" ]; then  # what the per-image loops cost on this GPU, and that the batched paths agree
     stamp "per-image overhead: transformers' paths against the batched ones, 64 episodes"
     timeout 150 $PY bench/per_image_overhead.py --episodes 64 --device cuda --model-dir $WORK/model \
       --out "$OUT/per_image_overhead.json" | tail -8
@@ -79,7 +82,7 @@ grpo)
   ;;
 final)
   # Finish the run: set train.steps to where the time left for training (FINAL_GRPO_S) ends.
-  steps=$($PY - "$RUN" "${FINAL_GRPO_S:-150}" <<'PY'
+  steps=$($PY - "$RUN" "${FINAL_GRPO_S:-60}" <<'PY'
 import json, sys, pathlib
 run, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -98,7 +101,7 @@ PY
   $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" -- "${GRPO_SET[@]}"
   echo "eval exit $?"
   stamp "re-verifying the saved traces"
-  for d in "$FINAL"/eval-*; do echo "$d"; $PY -m vlrl.cli eval-verify "$d" | tail -3; done
+  for d in "$FINAL"/eval-*; do echo "$d"; $PY -m vlrl.cli eval-verify "$d" | tail -8; done
   $PY -m vlrl.cli report $RUN --out "$FINAL/report.html" && echo "report written"
   cp $RUN/metrics.jsonl $RUN/evals.json $RUN/run-events.jsonl $WORK/sft-model/sft_history.json "$FINAL/" 2>/dev/null
   cp "$FINAL/gpu_maze9_eval.json" "$FINAL/learning_curve.png" "$FINAL/report.html" "$OUT/" 2>/dev/null
