@@ -169,6 +169,7 @@ class Worker:
             eos_token_id=self.chat.eos_id, pad_token_id=self.pad_id,
             batch_size=self.config.rollout.batch_size, shares_policy=shares,
             fast_decode=self.config.rollout.fast_decode, compile_decode=self.config.rollout.compile_decode,
+            vision_cache_mb=self.config.rollout.vision_cache_mb,
         )
 
     # -- the calls the trainer makes -------------------------------------------------------
