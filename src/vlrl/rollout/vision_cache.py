@@ -1,18 +1,20 @@
 """Vision-tower outputs kept across the turns of multi-turn rollouts (the fast path's prefill).
 
 The static decoder re-prefills every conversation each turn, and an episode's earlier images
-never change: re-collating their pixels and re-encoding them costs more than the language model
-late in an episode (a 9x9 maze batch holds ~9k images at turn 18). `VisionFeatureCache` keeps each
+never change: re-collating their pixels (late in a 9x9 maze rollout ~9k images, GBs a turn),
+moving them to the device and re-encoding them is repeated work. `VisionFeatureCache` keeps each
 image's merged embeddings and deepstack features on the model's device, keyed by the identity of
 its pixel tensor: `MultimodalSequence.extend` appends references, so an episode's images are the
 same tensor objects every turn, and `_ImageCache` hands the same tensor to identical screens of
 other episodes. An entry holds that tensor, so its id cannot be reused by another tensor while the
 entry lives. The bound is on feature bytes (device memory), LRU; the key tensors it pins are the
-conversations' own host tensors.
+conversations' own host tensors. A prefill touches every image of its batch, so a bound below
+(conversations x turns) images' features makes LRU drop what the next turn needs: size it for the
+whole rollout (maze9, bfloat16: ~250 KB an image, 512 episodes x 18 turns ~2.3 GB).
 
 Features depend on the vision weights, so `validate` drops everything when the signature changes:
-the engine's adapter version, the model's identity, device and dtype, and every vision parameter's
-storage and in-place version counter (an optimizer step or an in-place adapter load bumps it, so
+a counter the engine bumps on every `update_adapter`, the model's identity and device, and every vision parameter's
+storage, dtype and in-place version counter (an optimizer step or an in-place adapter load bumps it, so
 LoRA on the vision tower is never served stale features, with or without `update_adapter`).
 """
 
