@@ -91,6 +91,12 @@ class RolloutConfig(Section):
     compile_decode: bool = Field(
         False, description="transformers engine, fast decode on CUDA: also torch.compile the decode step (a compile per batch shape)."
     )
+    vision_cache_mb: int | None = Field(
+        None, ge=0,
+        description="transformers engine, fast decode: MiB of vision-tower outputs kept on the device across turns, so each "
+        "turn's prefill encodes (and copies the pixels of) only the images it has not seen; null: 4096 on CUDA, 256 on "
+        "CPU; 0: off. Dropped whenever the weights change.",
+    )
 
     @model_validator(mode="after")
     def _check_memory_share(self):

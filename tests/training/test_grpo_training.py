@@ -8,8 +8,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from vlrl.envs.base import StepResult, register_env
+from vlrl.envs.base import StepResult, build_split, make_env, register_env
 from vlrl.envs.maze.env import MazeEnv, parse_action
+from vlrl.rollout.hf_engine import _StaticDecoder
 from vlrl.training.trainer import GRPOTrainer
 from run_compare import step_numbers
 
@@ -172,3 +173,40 @@ def test_bad_input_is_one_clear_line(ci_config, tmp_path):
     assert r.exit_code != 0 and "does not exist" in str(r.exception)
     r = runner.invoke(app, ["train", "configs/ci-tiny.yaml", "--init-adapter", str(tmp_path / "missing")])
     assert r.exit_code != 0 and "is not a directory" in str(r.exception)
+
+
+def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_model_dir, tmp_path):
+    """GRPO through the fast path (forced on CPU) with a vision-tower LoRA, the vision cache on and
+    off: the same numbers. Each step trains the vision LoRA, so an image whose features were
+    cached before a step (the same pixel tensor: ChatFormat's image cache hands it out again for
+    the same screen) must be encoded anew after it (a stale cache gives logits ~4e-3 off here)."""
+    runs = {}
+    for mb in (0, 64):
+        cfg = ci_config(f"model.path={formatted_model_dir}", "train.steps=3", "train.lr=1e-2", "rollout.fast_decode=true",
+                        "model.lora.include_vision=true", f"rollout.vision_cache_mb={mb}", f"storage.run_name=vc{mb}")
+        trainer = GRPOTrainer(cfg, tmp_path / f"vc{mb}")
+        trainer.setup()
+        history = [trainer.step().values for _ in range(cfg.train.steps - 1)]
+        decoder = trainer.worker.engine._decoder
+        env = make_env(cfg.env)
+        prompts = [trainer.worker.chat.prompt(env.system_prompt, env.reset(build_split(cfg.env, "train")[0]))]
+        pad = trainer.worker.pad_id
+        with torch.no_grad():
+            decoder._prefill(prompts, pad, torch.device("cpu"))  # its features are cached now
+        history.append(trainer.step().values)  # trains the vision LoRA
+        with torch.no_grad():
+            fresh = _StaticDecoder(trainer.worker.model, vision_cache_mb=0)._prefill(prompts, pad, torch.device("cpu"))[0]
+            served = decoder._prefill(prompts, pad, torch.device("cpu"))[0]
+        torch.testing.assert_close(served, fresh, atol=1e-5, rtol=1e-5)  # not the features of the old weights
+        runs[mb] = (step_numbers(history), decoder.vision_cache, trainer.worker.adapter_state())
+    (off, _, state), (on, cache, _) = runs[0], runs[64]
+    assert any(float(v.abs().sum()) > 0 for k, v in state.items() if "visual" in k and "lora_B" in k)
+    assert cache.hits > 0 and cache.invalidations >= 2
+    # The same samples, losses and updates. The sampler-vs-trainer log-prob gaps are rounding
+    # noise (~1e-6) and move with any change of operation order, as the cached prefill's: small only.
+    for a, b in zip(off, on, strict=True):
+        assert a.keys() == b.keys()
+        noise = [k for k in a if k.startswith("rollout/logprob_diff")]
+        assert noise and all(max(a[k], b[k]) < 1e-4 for k in noise)
+        same = [k for k in a if k not in noise]
+        assert all(abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])) for k in same), {k: (a[k], b[k]) for k in same if a[k] != b[k]}

@@ -138,6 +138,7 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     engine = TransformersEngine(model, tok, vision_special_token_ids(processor), eos_token_id=chat.eos_id,
                                 pad_token_id=pad, batch_size=config.rollout.batch_size,
                                 max_batch_tokens=config.rollout.max_batch_tokens,
+                                vision_cache_mb=config.rollout.vision_cache_mb,
                                 fast_decode=config.rollout.fast_decode, compile_decode=config.rollout.compile_decode)
     return engine, chat
 

@@ -41,6 +41,9 @@ from vlrl.algo.grpo import token_logprobs
 from vlrl.models.qwen_vl_batched import forward_inputs, mrope_position_ids, spatial_merge_size
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence, collate
+from vlrl.rollout.vision_cache import (
+    DEFAULT_MB, VisionFeatureCache, cached_features_problem, image_features, prefill_from_features, weights_signature,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +67,16 @@ class TransformersEngine(RolloutEngine):
         fast_decode: FastDecode = "auto",
         compile_decode: bool = False,
         ignore_eos: bool = False,
+        vision_cache_mb: int | None = None,
     ):
         """`fast_decode`: "auto" uses the static-cache decoder on CUDA and `generate` elsewhere; True
         uses it wherever it can (eagerly on CPU); False always uses `generate`. `compile_decode`
         additionally compiles the decode step with torch.compile (CUDA; costs a compile per shape).
         `max_batch_tokens`: most prompt tokens (rows x longest, padding included) one prefill
-        holds; a call over it runs in several batches. `ignore_eos` (benchmarks): every completion is exactly max_new_tokens long, the
-        end-of-turn token is never sampled."""
+        holds; a call over it runs in several batches. `ignore_eos` (benchmarks): every completion
+        is exactly max_new_tokens long, the end-of-turn token is never sampled. `vision_cache_mb`
+        (fast path): MiB of vision-tower outputs kept across calls so each turn encodes only new
+        images (`vlrl.rollout.vision_cache`); None: 4096 on CUDA, 256 elsewhere; 0: off."""
         if fast_decode not in (True, False, "auto"):
             raise ValueError(f"fast_decode must be True, False or 'auto', got {fast_decode!r}")
         self.model = model
@@ -84,6 +90,7 @@ class TransformersEngine(RolloutEngine):
         self.fast_decode = fast_decode
         self.compile_decode = compile_decode
         self.ignore_eos = ignore_eos
+        self.vision_cache_mb = vision_cache_mb
         self.timings: dict[str, float] = {}  # seconds spent in the last generate call, by phase
         self._version = 0
         self._decoder: _StaticDecoder | None = None
@@ -101,6 +108,8 @@ class TransformersEngine(RolloutEngine):
             # In place: a captured decode graph keeps reading the same adapter tensors.
             load_adapter_state_dict(self.model, state)
         self._version = version
+        if self._decoder is not None:  # LoRA on the vision tower changes its outputs
+            self._decoder.weights_updates += 1
         return time.perf_counter() - start
 
     @torch.no_grad()
@@ -216,7 +225,8 @@ class TransformersEngine(RolloutEngine):
 
     def _fast_generate_batch(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:
         if self._decoder is None:
-            self._decoder = _StaticDecoder(self.model, compile_step=self.compile_decode)
+            self._decoder = _StaticDecoder(self.model, compile_step=self.compile_decode,
+                                           vision_cache_mb=self.vision_cache_mb)
         banned = list(self.suppress) + ([self.eos_id] if self.ignore_eos else [])
         tokens, logprobs, timings = self._decoder.generate(prompts, params, banned, self.pad_id)
         for k, v in timings.items():
@@ -375,7 +385,7 @@ class _StaticDecoder:
     max_states = 3  # cached shapes (each holds a KV cache and a graph); the least recently used is dropped
     bucket_rows_on_cpu = False  # tests: pad rows to a bucket on CPU too, as on CUDA
 
-    def __init__(self, model: Any, compile_step: bool = False):
+    def __init__(self, model: Any, compile_step: bool = False, vision_cache_mb: int | None = None):
         self.model = model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.vlm = base.model
@@ -398,6 +408,14 @@ class _StaticDecoder:
             # one compiled graph per half serves all layers (only shapes are guarded).
             self.attention_inputs = torch.compile(_attention_inputs, dynamic=False)
             self.attention_output_and_mlp = torch.compile(_attention_output_and_mlp, dynamic=False)
+        device = next(model.parameters()).device
+        mb = DEFAULT_MB.get(device.type, DEFAULT_MB["cpu"]) if vision_cache_mb is None else vision_cache_mb
+        self.vision_cache = VisionFeatureCache(mb << 20)
+        self.weights_updates = 0  # bumped by the engine's update_adapter: cached features are dropped
+        self.vision_stats: dict[str, int] = {}  # images, encoded, pixel_bytes of the last prefill
+        self._cache_problem = cached_features_problem(self.vlm, self.text)
+        if self.vision_cache.enabled and self._cache_problem:
+            log.warning("vision features are not cached (%s): every prefill encodes every image", self._cache_problem)
 
     @staticmethod
     def unsupported(model: Any) -> str | None:
@@ -479,8 +497,12 @@ class _StaticDecoder:
     def _prefill(self, prompts: list[MultimodalSequence], pad_id: int, device: torch.device):
         """One forward over the unique prompts: last-position logits, the per-layer KV cache, the
         attention mask and each prompt's next M-RoPE position (positions as `generate` makes them)."""
-        batch = collate(prompts, pad_id, side="left")
+        cached = self.vision_cache.enabled and self._cache_problem is None
+        batch = collate(prompts, pad_id, side="left", pixels=not cached)
         rope = mrope_position_ids(batch, self.merge_size)  # on the CPU batch: no per-image loop or sync
+        if cached and rope is None and "image_grid_thw" in batch:
+            cached = False  # videos, or not Qwen3-VL's M-RoPE: the model's own forward, with all pixels
+            batch = collate(prompts, pad_id, side="left")
         inputs = forward_inputs(batch, device, None)
         mask = inputs["attention_mask"]
         text_pos = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
@@ -495,10 +517,35 @@ class _StaticDecoder:
             rope = text_pos[None].expand(3, -1, -1)
         # Padding positions hold 0, so the row max is the last real token's position.
         next_pos = rope.amax(dim=(0, 2)) + 1
-        out = self.model(**inputs, position_ids=torch.cat([text_pos[None], rope], dim=0), use_cache=True,
-                         logits_to_keep=1)
-        kv = [_cache_kv(out.past_key_values, i) for i in range(len(self.layers))]
-        return out.logits[:, -1], kv, mask, next_pos
+        position_ids = torch.cat([text_pos[None], rope], dim=0)
+        if cached:
+            logits, past = self._prefill_cached(prompts, batch, inputs, position_ids, device)
+        else:
+            out = self.model(**inputs, position_ids=position_ids, use_cache=True, logits_to_keep=1)
+            logits, past = out.logits[:, -1], out.past_key_values
+            pixels = batch.get("pixel_values")
+            count = len(batch.get("image_grid_thw", ()))
+            self.vision_stats = {"images": count, "encoded": count,
+                                 "pixel_bytes": 0 if pixels is None else pixels.numel() * pixels.element_size()}
+        kv = [_cache_kv(past, i) for i in range(len(self.layers))]
+        return logits, kv, mask, next_pos
+
+    def _prefill_cached(self, prompts, batch, inputs, position_ids, device):
+        """The prefill with each image's vision features from the cache, or encoded now (new images only)."""
+        self.vision_cache.validate((self.weights_updates, id(self.model), str(device), weights_signature(self.vlm.visual)))
+        pixels = [p for s in prompts for p in s.pixel_values]
+        image_mask = batch["input_ids"] == self.vlm.config.image_token_id
+        embeds: list[torch.Tensor] = []
+        deepstack: list[list[torch.Tensor]] = []
+        self.vision_stats = {"images": 0, "encoded": 0, "pixel_bytes": 0}
+        if pixels:
+            grids = batch["image_grid_thw"]
+            expected = int((grids.prod(-1) // self.merge_size**2).sum())
+            if int(image_mask.sum()) != expected:  # checked on the CPU batch: no device sync
+                raise ValueError(f"image tokens ({int(image_mask.sum())}) and image features ({expected}) do not match")
+            embeds, deepstack, self.vision_stats = image_features(self.vision_cache, self.vlm, pixels, grids, device)
+        return prefill_from_features(self.text, self.lm_head, inputs["input_ids"], image_mask.to(device),
+                                     inputs["attention_mask"], position_ids, embeds, deepstack)
 
     # -- static state and graphs ------------------------------------------------------------
     def _layer_parts(self) -> list[_LayerParts]:

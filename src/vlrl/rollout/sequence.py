@@ -284,11 +284,13 @@ def _same_piece(a: MultimodalSequence, b: MultimodalSequence) -> bool:
             and all(torch.equal(x, y) for x, y in zip(a.image_grid_thw, b.image_grid_thw)))
 
 
-def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right") -> dict[str, torch.Tensor]:
+def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right",
+            pixels: bool = True) -> dict[str, torch.Tensor]:
     """Pad sequences into one batch of model inputs (plus loss mask and sampling log-probs).
 
     Images are concatenated in batch order, which is the order the model matches image
-    placeholder tokens to image features.
+    placeholder tokens to image features. `pixels=False` leaves pixel_values out (the grids stay):
+    for a caller that has most images' vision features already and copies only the new pixels.
     """
     longest = max(len(s) for s in sequences)
     batch = len(sequences)
@@ -306,8 +308,9 @@ def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right
         logp[i, sl] = torch.tensor(s.logprobs, dtype=torch.float32)
         mm[i, sl] = torch.tensor(s.mm_token_type_ids, dtype=torch.long)
     out = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask, "sample_logprobs": logp, "mm_token_type_ids": mm}
-    pixels = [p for s in sequences for p in s.pixel_values]
-    if pixels:
-        out["pixel_values"] = torch.cat(pixels, dim=0)
-        out["image_grid_thw"] = torch.stack([g for s in sequences for g in s.image_grid_thw])
+    grids = [g for s in sequences for g in s.image_grid_thw]
+    if grids:
+        if pixels:
+            out["pixel_values"] = torch.cat([p for s in sequences for p in s.pixel_values], dim=0)
+        out["image_grid_thw"] = torch.stack(grids)
     return out

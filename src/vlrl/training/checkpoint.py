@@ -95,6 +95,7 @@ RESUME_SAFE_KEYS = (
     "rollout.compile_decode",
     "rollout.batch_size",
     "rollout.max_batch_tokens",
+    "rollout.vision_cache_mb",
     "rollout.gpu_memory_utilization",
     "rollout.kv_cache_memory_mb",
     "model.path",  # a moved model: its weights' fingerprint must still match (checked separately)

@@ -170,6 +170,7 @@ class Worker:
             batch_size=self.config.rollout.batch_size,
             max_batch_tokens=self.config.rollout.max_batch_tokens, shares_policy=shares,
             fast_decode=self.config.rollout.fast_decode, compile_decode=self.config.rollout.compile_decode,
+            vision_cache_mb=self.config.rollout.vision_cache_mb,
         )
 
     # -- the calls the trainer makes -------------------------------------------------------
