@@ -74,18 +74,22 @@ def _count(fn, device: torch.device) -> dict:
     return {"aten_ops": ops, "host_syncs": syncs, "seconds": round(seconds, 4), "value": result}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_parser(description: str, episodes: int) -> argparse.ArgumentParser:
+    """The options the maze-model benches share (a model preset built offline, oracle episodes)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", default="configs/gpu-maze9.yaml")
     ap.add_argument("--model", default=None, help="tiny preset (default: the config's model.init_tiny)")
     ap.add_argument("--model-dir", default="runs/models/overhead-{model}")
-    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--episodes", type=int, default=episodes)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    return ap
+
+
+def bench_setup(args) -> tuple:
+    """What the maze-model benches share: the config (model.path from --model-dir and the preset),
+    the model built offline if missing, its processor, and the first --episodes training tasks."""
     overrides = [f"model.init_tiny={args.model}"] if args.model else []
     config = load_config(args.config, overrides)
     preset = config.model.init_tiny
@@ -93,7 +97,14 @@ def main(argv: list[str] | None = None) -> dict:
     model_dir = ensure_model(config.model)
     processor = load_processor(model_dir)
     split = build_split(config.env, "train")
-    tasks = [split[i] for i in range(args.episodes)]
+    return config, model_dir, processor, [split[i] for i in range(args.episodes)]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = bench_parser(__doc__.splitlines()[0], episodes=16).parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    config, model_dir, processor, tasks = bench_setup(args)
 
     rows: dict[str, dict] = {}
     sequences = {}
@@ -142,14 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
         "host": platform.node(), "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "config": args.config, "model": preset, "episodes": len(seqs), "images": images,
+        "config": args.config, "model": config.model.init_tiny, "episodes": len(seqs), "images": images,
         "tokens": sum(len(s) for s in seqs), "same_tokens_both_encodings": same_tokens,
         "rows": rows,
     }
     for phase in ("sft", "score"):
         a, b = rows[f"{phase}/stock"], rows[f"{phase}/batched"]
         result[f"{phase}_same_loss"] = abs(a["value"] - b["value"]) <= 1e-5 * max(1.0, abs(a["value"]))
-    print(f"{len(seqs)} episodes, {images} images, {result['tokens']} tokens ({preset} on {device})")
+    print(f"{len(seqs)} episodes, {images} images, {result['tokens']} tokens ({config.model.init_tiny} on {device})")
     for name, row in rows.items():
         print(f"  {name:16s} " + "  ".join(f"{k} {v}" for k, v in row.items()))
     if args.out:

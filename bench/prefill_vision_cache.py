@@ -19,7 +19,6 @@ rounding).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -33,10 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT / "src"))
 
-from vlrl.config import load_config  # noqa: E402
-from vlrl.envs.base import build_split, make_env  # noqa: E402
-from vlrl.models.loading import ensure_model, load_policy_model  # noqa: E402
-from vlrl.models.processor import load_processor  # noqa: E402
+if str(ROOT / "bench") not in sys.path:  # per_image_overhead's set-up, also when loaded by path (tests)
+    sys.path.insert(0, str(ROOT / "bench"))
+
+from per_image_overhead import bench_parser, bench_setup  # noqa: E402
+from vlrl.envs.base import make_env  # noqa: E402
+from vlrl.models.loading import load_policy_model  # noqa: E402
 from vlrl.rollout.hf_engine import _StaticDecoder  # noqa: E402
 from vlrl.rollout.sequence import ChatFormat  # noqa: E402
 
@@ -65,28 +66,14 @@ def oracle_turns(config, chat: ChatFormat, tasks, max_turns: int) -> list[list]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/gpu-maze9.yaml")
-    ap.add_argument("--model", default=None, help="tiny preset (default: the config's model.init_tiny)")
-    ap.add_argument("--model-dir", default="runs/models/overhead-{model}")
-    ap.add_argument("--episodes", type=int, default=8)
+    ap = bench_parser(__doc__.splitlines()[0], episodes=8)
     ap.add_argument("--max-turns", type=int, default=None, help="stop after this many turns (default: the config's)")
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    overrides = [f"model.init_tiny={args.model}"] if args.model else []
-    config = load_config(args.config, overrides)
-    preset = config.model.init_tiny
-    config = load_config(args.config, overrides + [f"model.path={args.model_dir.format(model=preset)}"])
-    model_dir = ensure_model(config.model)
-    processor = load_processor(model_dir)
+    config, model_dir, processor, tasks = bench_setup(args)
     pad = processor.tokenizer.pad_token_id or 0
-    split = build_split(config.env, "train")
-    tasks = [split[i] for i in range(args.episodes)]
     turns = oracle_turns(config, ChatFormat(processor), tasks, args.max_turns or config.env.max_turns)
     model = load_policy_model(model_dir, dtype=args.dtype).to(device).eval()
 
@@ -123,10 +110,10 @@ def main(argv: list[str] | None = None) -> dict:
         "host": platform.node(), "device": str(device), "threads": args.threads, "dtype": args.dtype,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "config": args.config, "model": preset, "episodes": len(tasks), "turns": len(turns),
+        "config": args.config, "model": config.model.init_tiny, "episodes": len(tasks), "turns": len(turns),
         "max_abs_logit_diff": worst, "totals": totals, "cache": cache_info, "per_turn": rows,
     }
-    print(f"{len(tasks)} episodes, {len(turns)} turns ({preset}, {args.dtype} on {device}, {args.threads} threads)")
+    print(f"{len(tasks)} episodes, {len(turns)} turns ({config.model.init_tiny}, {args.dtype} on {device}, {args.threads} threads)")
     print("turn  convs  images | uncached s  pixel MB | cached s  pixel MB  encoded")
     for t, (u, c) in enumerate(zip(rows["uncached"], rows["cached"]), start=1):
         print(f"{t:4d}  {u['conversations']:5d}  {u['images']:6d} | {u['seconds']:10.3f}  {u['pixel_bytes'] / 2**20:8.1f} |"
