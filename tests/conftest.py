@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from vllm_lane import pytest_runtest_makereport  # noqa: F401 - the hook: no skipped vllm test in the vLLM lane
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench(name: str) -> ModuleType:
+    """A script of bench/ as a module (bench/ is not a package: its scripts run by path)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, load_bench
 from vlrl.config import load_config
 from vlrl.envs.base import build_split, make_env
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("gui_label_blind", ROOT / "bench" / "gui_label_blind.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_label_blind_chance_is_the_mean_of_one_over_the_candidates(tmp_path):
     config = tmp_path / "gui.yaml"
     config.write_text((ROOT / "configs" / "gui-cpu.yaml").read_text().replace("count: 400", "count: 12"))
-    result = _module().label_blind_chance(str(config), 2, 128, "holdout")
+    result = load_bench("gui_label_blind").label_blind_chance(str(config), 2, 128, "holdout")
     assert result["tasks"] == 12 and sum(result["candidates"].values()) == 12
     expected = sum(v / int(k) for k, v in result["candidates"].items()) / 12
     assert abs(result["label_blind_success"] - round(expected, 4)) < 1e-9
@@ -39,7 +31,7 @@ def test_first_clicks_counts_the_row_each_episode_clicked_first(tmp_path):
             # episode 0: the oracle (first click on the target's row); 1: a click on empty space; 2: the oracle
             env.step(env.oracle_response() if i != 1 else "<action>click(1, 1)</action>")
             f.write(json.dumps(env.trace()) + "\n")
-    out = _module().first_clicks(str(path))
+    out = load_bench("gui_label_blind").first_clicks(str(path))
     assert out["episodes"] == 3
     assert out["first_click_row"].get("miss") == 1 and sum(out["first_click_row"].values()) == 3
     assert sum(out["target_row"].values()) == 3

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 
-from tests.conftest import ROOT
+from tests.conftest import load_bench
 
 
 def test_batched_paths_compute_the_same_loss_with_fewer_operators_and_syncs(tmp_path):
-    spec = importlib.util.spec_from_file_location("per_image_overhead", ROOT / "bench" / "per_image_overhead.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("per_image_overhead")
     result = bench.main(["--model", "ci", "--episodes", "2", "--model-dir", str(tmp_path / "{model}"),
                          "--out", str(tmp_path / "overhead.json")])
     rows = result["rows"]

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from tests.conftest import ROOT
+from tests.conftest import load_bench
 
 
 def test_cached_prefill_encodes_each_image_once_with_the_same_logits(tmp_path):
-    spec = importlib.util.spec_from_file_location("prefill_vision_cache", ROOT / "bench" / "prefill_vision_cache.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("prefill_vision_cache")
     out = tmp_path / "prefill.json"
     result = bench.main(["--model", "ci", "--episodes", "2", "--max-turns", "4", "--model-dir", str(tmp_path / "{model}"),
                          "--out", str(out)])

@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import ROOT
-
-
-def _harness():
-    spec = importlib.util.spec_from_file_location("update_memory", ROOT / "bench" / "update_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_bench
 
 
 def test_update_memory_bench_measures_both_loss_passes_on_both_workloads(tmp_path):
     out = tmp_path / "m.json"
-    _harness().main(["--model", "ci", "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--samples", "2",
+    load_bench("update_memory").main(["--model", "ci", "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--samples", "2",
                      "--new-tokens", "8", "--single-micro", "2,4", "--multi-micro", "2", "--multi-impl", "legacy,chunked,chunked-ckpt", "--turns", "2",
                      "--turn-tokens", "4", "--workers", "32", "--warmup", "0", "--iters", "1", "--out", str(out)])
     result = json.loads(out.read_text())
