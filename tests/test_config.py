@@ -48,6 +48,8 @@ def test_yaml_round_trip(tmp_path):
         ("modle:\n  path: x\n", "unknown key 'modle'; did you mean 'model'?"),
         ("algo:\n  group_size: 0\n", "algo.group_size = 0"),
         ("algo:\n  group_size: many\n", "algo.group_size = 'many'"),
+        ("rollout:\n  max_batch_tokens: 8\n", "rollout.max_batch_tokens = 8"),
+        ("rollout:\n  vision_cache_mb: -1\n", "rollout.vision_cache_mb = -1"),
         ("env:\n  sizes: [2]\n", "maze size 2 is out of range"),
         ("env:\n  holdout: {seed_start: 5}\n", "overlap"),
         ("algo:\n  mini_batch_size: 10\n", "multiple of algo.micro_batch_size"),
