@@ -30,7 +30,7 @@ def test_rollouts_on_gui_tasks_replay_from_their_traces(gui_worker):
     assert len(eps) == 4
     for e in eps:
         assert e.trace["env"] == "gui" and 1 <= len(e.trace["turns"]) <= gui_worker.config.env.max_turns
-        assert len(e.sequence.images) == len(e.trace["turns"]) or e.trace["done"]
+        assert e.trace["done"] and len(e.sequence.images) == len(e.trace["turns"])  # one screenshot a turn
         replay = replay_trace(e.trace)
         assert replay["matches"], replay
         assert abs(replay["return"] - e.reward) < 1e-9
