@@ -83,7 +83,10 @@ def test_gigpo_gives_each_turn_its_own_advantage(ci_config, formatted_model_dir,
         adapters[weight] = trainer.worker.adapter_state()
         assert all(torch.isfinite(torch.tensor(v)) for k, v in m.values.items() if k.startswith("train/"))
         trainer.close()
-    assert 0.0 < m.values["advantage/anchored_turns"] <= 1.0  # the group's first turns share a state
+    # Every group's G first turns see the same observation, so at least one turn per episode is
+    # anchored: the share is at least episodes / turns = 1 / mean turns (more when later turns meet).
+    anchored, mean_turns = m.values["advantage/anchored_turns"], m.values["episode/turns"]
+    assert mean_turns > 1 and anchored >= 1 / mean_turns - 1e-9, (anchored, mean_turns)
     a, b = adapters[0.0], adapters[1.0]
     assert any(not torch.equal(a[k], b[k]) for k in a)
 
