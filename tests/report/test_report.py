@@ -115,6 +115,19 @@ def test_a_run_without_steps_yet(tmp_path):
     assert "No step has finished yet" in page and "0 / 5" in page
 
 
+def test_evaluations_saved_before_task_groups_show_their_per_size_success(tmp_path):
+    # evals.json as runs wrote it before task groups: per-size success under `success_by_size`, no group_label
+    (tmp_path / "config.yaml").write_text("train:\n  steps: 2\n")
+    (tmp_path / "evals.json").write_text(json.dumps([{
+        "step": 2, "label": "step 2", "split": "holdout", "decoding": "greedy", "n": 8, "successes": 3,
+        "success_rate": 0.375, "success_low": 0.137, "success_high": 0.694, "mean_turns": 4.0, "invalid_rate": 0.25,
+        "success_by_size": {"3": 0.75, "5": 0.0}, "env": "maze",
+    }]))
+    table = write_report(tmp_path).read_text().split("<h2>Evaluations</h2>")[1].split("</table>")[0]
+    assert "<th>success by size</th>" in table, table
+    assert re.findall(r"<tr><td>(\d+)</td>", table) == ["2"] and "<td>3: 75.0%, 5: 0.0%</td>" in table, table
+
+
 def test_bad_input_is_one_clear_error_and_keeps_what_exists(finished_run, tmp_path):
     with pytest.raises(VlrlError, match="does not exist"):
         write_report(tmp_path / "nope")
