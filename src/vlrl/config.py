@@ -69,7 +69,7 @@ class RolloutConfig(Section):
     max_batch_tokens: int | None = Field(
         None, ge=64,
         description="transformers engine: most prompt tokens in one prefill (rows x longest prompt, padding "
-        "included); a batch over it is split. Long conversations (13x13 mazes, 18 turns) otherwise need "
+        "included); a batch over it is split. Long multi-turn conversations (e.g. 13x13 mazes over 18 turns) otherwise need "
         "memory in proportion to batch_size x length. None: batch_size alone decides.",
     )
     max_model_len: int = Field(4096, ge=64, description="Longest conversation (prompt + all turns) in tokens.")
@@ -195,7 +195,7 @@ class SftConfig(Section):
     lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",
-        description="`constant`, `linear` or `cosine` decay to 0 after the warm-up; with `max_minutes` the decay follows whichever of steps and time is further along, so a run the budget ends has decayed by then. A random tiny model learns to see the maze in a sudden drop of the loss after a plateau; with batches of 16 and a linear decay it never got there (bench/RESULTS.md).",
+        description="`constant`, `linear` or `cosine` decay to 0 after the warm-up; with `max_minutes` the decay follows whichever of steps and time is further along, so a run the budget ends has decayed by then. A random tiny model learns to read its images in a sudden drop of the loss after a plateau, which an early decay can prevent (the maze, batches of 16, linear decay: it never got there; bench/RESULTS.md).",
     )
     batch_size: int = Field(16, ge=1, description="Transcripts per optimizer step.")
     target_loss: float | None = Field(
@@ -203,7 +203,7 @@ class SftConfig(Section):
         description="Stop early once the mean loss of the last 20 steps is below this (None: run every step). The demo uses it to end the warm start at the same competence whatever the batch order.",
     )
     noise: float = Field(
-        0.0, ge=0, le=1, description="Share of oracle turns replaced by a random response (the env's `random_response`, the maze: a random move), so transcripts show recovery."
+        0.0, ge=0, le=1, description="Share of oracle turns replaced by a random response (the env's `random_response`, e.g. a random move in the maze), so transcripts show recovery."
     )
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up over this many SFT steps (then `lr_schedule`).")
     data_workers: int = Field(
@@ -449,7 +449,7 @@ class ServingConfig(Section):
         None, ge=16, description="KV cache size in MiB (vLLM's --kv-cache-memory-bytes); None: vLLM's default on GPU, 256 on CPU, where it must be set."
     )
     max_images: int = Field(
-        20, ge=1, description="Images per request; a multi-turn maze conversation re-sends every turn's image (env.max_turns of them)."
+        20, ge=1, description="Images per request; a multi-turn conversation re-sends every turn's image (up to env.max_turns of them)."
     )
     ready_timeout_s: float = Field(900.0, gt=0, description="Give up when the server is not ready (all adapters loaded) by then.")
 
