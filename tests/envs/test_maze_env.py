@@ -296,3 +296,48 @@ def test_reset_rejects_foreign_task_and_step_before_reset():
         env.reset(Task("sokoban", "train", 0, 0, {}))
     with pytest.raises(VlrlError, match="lacks"):
         env.reset(Task("maze", "train", 0, 0, {"size": 5}))
+
+
+@pytest.mark.parametrize("layout, size", [("blocks", 9), ("cells", 5)])
+def test_look_variant_names_the_open_moves(layout, size):
+    rewards = RewardConfig(success=1.0, invalid_action=-0.5)
+    for seed in range(8):
+        env = _env("maze_look", layout=layout, placement="random", rewards=rewards.model_dump())
+        obs = env.reset(adhoc_task(size, seed, env="maze_look", layout=layout, placement="random"))
+        assert len(obs.images) == 1 and "<answer>" in obs.text
+        open_moves = [m for m in MOVES if env.maze.move(env.pos, m) is not None]
+        assert env.oracle_response() == "<answer>" + " ".join(open_moves) + "</answer>"
+        # any order counts; the set must be exact
+        result = env.step("<answer>" + " ".join(reversed(open_moves)) + "</answer>")
+        assert result.done and result.observation is None and result.info["success"] and result.reward == 1.0
+        m = env.episode_metrics()
+        assert m["turns"] == 1.0 and m["optimal_turns"] == 1.0 and m["success"] == 1.0
+
+        env.reset(adhoc_task(size, seed, env="maze_look", layout=layout, placement="random"))
+        blocked = [m for m in MOVES if m not in open_moves]
+        wrong = open_moves[:-1] + blocked[:1] if blocked else open_moves[:-1]
+        result = env.step("<answer>" + " ".join(wrong) + "</answer>")
+        assert result.info["valid"] and not result.info["success"] and result.reward == 0.0
+
+    for bad in ("up left", "<answer>up up</answer>", "<answer></answer>", "<answer>north</answer>"):
+        env, _ = _started("maze_look", rewards=rewards.model_dump())
+        result = env.step(bad)
+        assert not result.info["valid"] and result.reward == -0.5 and env.episode_metrics()["invalid_actions"] == 1
+
+
+def test_look_trace_replays_and_random_responses_parse():
+    import random
+
+    env, _ = _started("maze_look", placement="random")
+    env.step(env.oracle_response())
+    trace = json.loads(json.dumps(env.trace()))
+    assert trace["env"] == "maze_look"
+    check = replay_trace(trace)
+    assert check["matches"] and check["success"] and check["return"] == 1.0
+    forged = copy.deepcopy(trace)
+    forged["turns"][0]["response"] = "<answer>up down left right</answer>"
+    assert not replay_trace(forged)["matches"]
+    rng = random.Random(0)
+    for _ in range(20):
+        env, _ = _started("maze_look")
+        assert env.step(env.random_response(rng)).info["valid"]

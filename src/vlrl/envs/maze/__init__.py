@@ -2,12 +2,13 @@
 
 Two layouts: `cells` (thin wall lines) and `blocks` (walls are whole blocks, the reference).
 
-Importing this package registers the `maze` and `maze_plan` environments. See docs/maze.md.
+Importing this package registers the `maze`, `maze_plan` and `maze_look` environments. See docs/maze.md.
 """
 
 from vlrl.envs.maze.env import (
     PROMPT_TEXTS,
     MazeEnv,
+    MazeLookEnv,
     MazePlanEnv,
     parse_action,
     parse_plan,
@@ -18,7 +19,7 @@ from vlrl.envs.maze.render import THEMES, ascii_maze, render
 from vlrl.envs.maze.splits import Split, maze_bucket, maze_for_task, overlapping_tasks
 
 __all__ = [
-    "PROMPT_TEXTS", "MazeEnv", "MazePlanEnv", "parse_action", "parse_plan",
+    "PROMPT_TEXTS", "MazeEnv", "MazeLookEnv", "MazePlanEnv", "parse_action", "parse_plan",
     "LAYOUTS", "Maze", "check_perfect", "generate_maze",
     "distances_to", "next_action", "optimal_actions", "shortest_path",
     "THEMES", "ascii_maze", "render",

@@ -1,4 +1,5 @@
-"""The maze as a multi-turn environment (`maze`) and as a single-turn planning task (`maze_plan`).
+"""The maze as a multi-turn environment (`maze`), a single-turn planning task (`maze_plan`) and a
+single-turn perception drill (`maze_look`).
 
 `maze`: each turn the model sees the maze image and answers one action inside
 `<action>...</action>` (up, down, left, right, stop; case-insensitive, whitespace tolerated, the
@@ -8,6 +9,12 @@ text is what tells the model its last move failed);
 a response without a valid action is an invalid turn. `stop` ends the episode, a success iff the
 agent is on the goal. With `stop_required=False`, arriving on the goal ends the episode with
 success. After `max_turns` turns the episode ends without success.
+
+`maze_look`: one turn, a perception drill: the model names every move that is not blocked from
+where it stands, `<answer>up left</answer>` (any order, each move once); it succeeds iff the set is
+exactly right. With `placement: random` the agent stands anywhere, so the answer cannot be
+guessed from the start corner: it teaches a model built from scratch to read the blocks around
+the agent before it learns to walk (`configs/gpu-maze9.yaml` runs it as a first SFT stage).
 
 `maze_plan`: one turn; the model answers the whole path, `<answer>right down down</answer>`
 (moves separated by spaces or commas, last tag counts). The path is simulated from the start
@@ -63,10 +70,20 @@ PLAN_SUCCESS_FEEDBACK = "The path ends on the goal."
 PLAN_FAIL_FEEDBACK = "The path does not end on the goal."
 PLAN_INVALID_FEEDBACK = "Invalid answer. Answer with your moves, e.g. <answer>right down down</answer>."
 
+LOOK_SYSTEM_PROMPT = "You are looking at a maze. You see the maze and say which ways are open."
+LOOK_INSTRUCTION = (
+    "You are the blue circle. Which moves (up, down, left, right) are not blocked by a wall? "
+    "Answer with all of them, e.g. <answer>up left</answer>."
+)
+LOOK_RIGHT_FEEDBACK = "Those are the open moves."
+LOOK_WRONG_FEEDBACK = "Those are not the open moves."
+LOOK_INVALID_FEEDBACK = "Invalid answer. Answer with the open moves, each once, e.g. <answer>up left</answer>."
+
 PROMPT_TEXTS: list[str] = [
     SYSTEM_PROMPT, INSTRUCTION, INSTRUCTION_NO_STOP, *MOVED_FEEDBACK.values(), *WALL_FEEDBACK.values(), INVALID_FEEDBACK,
     STOP_ON_GOAL_FEEDBACK, STOP_OFF_GOAL_FEEDBACK, REACHED_GOAL_FEEDBACK, OUT_OF_TURNS_FEEDBACK,
     PLAN_SYSTEM_PROMPT, PLAN_INSTRUCTION, PLAN_SUCCESS_FEEDBACK, PLAN_FAIL_FEEDBACK, PLAN_INVALID_FEEDBACK,
+    LOOK_SYSTEM_PROMPT, LOOK_INSTRUCTION, LOOK_RIGHT_FEEDBACK, LOOK_WRONG_FEEDBACK, LOOK_INVALID_FEEDBACK,
     *(f"<action>{a}</action>" for a in (*MOVES, "stop")),
     "<answer>" + " ".join(MOVES) + "</answer>",
 ]
@@ -374,3 +391,63 @@ class MazePlanEnv(_MazeEpisode):
         """`<answer>...</answer>` with the shortest path from the start."""
         self._check_started("oracle_response")
         return "<answer>" + " ".join(optimal_actions(self.maze, self.maze.start, self.maze.goal)) + "</answer>"
+
+
+@register_env("maze_look", config=MazeEnvConfig)
+class MazeLookEnv(_MazeEpisode):
+    """Single-turn perception drill: name the open moves around the agent (see the module docstring)."""
+
+    system_prompt = LOOK_SYSTEM_PROMPT
+
+    def _first_text(self) -> str:
+        return LOOK_INSTRUCTION
+
+    def open_moves(self) -> list[str]:
+        """The moves that are not blocked from the agent's block, in MOVES order."""
+        self._check_started("open_moves")
+        return [m for m in MOVES if self.maze.move(self.pos, m) is not None]
+
+    def optimal_turns(self) -> int:
+        return 1
+
+    def episode_metrics(self) -> dict[str, float]:
+        """As the multi-turn env, with `turns` 1 and `solvable` always 1."""
+        metrics = super().episode_metrics()
+        metrics["turns"] = float(len(self.turns))
+        metrics["solvable"] = 1.0
+        return metrics
+
+    def step(self, action_text: str) -> StepResult:
+        """Score the named moves against the open ones; the episode ends. A move named twice is invalid."""
+        self._check_running()
+        named = parse_plan(action_text)
+        if named is not None and len(set(named)) != len(named):
+            named = None
+        if named is None:
+            self.invalid_actions += 1
+            feedback = LOOK_INVALID_FEEDBACK
+        else:
+            self.success = set(named) == set(self.open_moves())
+            feedback = LOOK_RIGHT_FEEDBACK if self.success else LOOK_WRONG_FEEDBACK
+        self.done = True
+        reward = turn_reward(self.config.rewards, valid=named is not None, bumps=0, distance_before=0,
+                             distance_after=0, success=self.success)
+        self.episode_return += reward
+        self.turns.append({"response": action_text, "answer": named, "valid": named is not None,
+                           "reward": reward, "feedback": feedback, "position": list(self.pos)})
+        info = {"action": None if named is None else " ".join(named), "valid": named is not None, "bumped": False,
+                "success": self.success, "feedback": feedback, "position": list(self.pos), "distance": self._distance(),
+                "turn": 1, "truncated": False}
+        return StepResult(None, reward, True, info)
+
+    def random_response(self, rng) -> str:
+        """A random non-empty set of moves (SFT noise)."""
+        return "<answer>" + " ".join(m for m in MOVES if rng.random() < 0.5 or m == MOVES[0]) + "</answer>"
+
+    def format_response(self, text: str) -> str:
+        """Typed moves as a response: `up left` -> `<answer>up left</answer>` (tagged text is kept)."""
+        return text if "<answer>" in text.lower() else f"<answer>{text}</answer>"
+
+    def oracle_response(self) -> str:
+        """`<answer>...</answer>` with the open moves."""
+        return "<answer>" + " ".join(self.open_moves()) + "</answer>"
