@@ -42,6 +42,12 @@ if [ -n "${SMOKE:-}" ]; then
         train.eval_tasks=4 train.eval_every=2 train.checkpoint_every=2 env.holdout.count=6 env.adversarial.count=6)
 fi
 SFT_SET=("${SET[@]}" model.path=$WORK/model)
+# The look drill (LOOK_MIN minutes, 0: none) on the random model, then the walk's SFT for the rest
+# of the 7 minutes (SFT_MIN): single-turn maze_look episodes with the agent anywhere.
+LOOK_MIN=${LOOK_MIN:-1.5}
+SFT_MIN=${SFT_MIN:-$(python3 -c "print(7.0 - $LOOK_MIN)")}
+LOOK_SET=("${SET[@]}" model.path=$WORK/model env.name=maze_look env.placement=random env.max_turns=1
+          train.sft.batch_size=256 train.sft.noise=0 train.sft.episodes=400000 train.sft.max_minutes=$LOOK_MIN)
 # GRPO starts on the SFT model, in bf16 on a GPU (fp32 on the CPU smoke).
 GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
 [ -z "${SMOKE:-}" ] && GRPO_SET+=(model.dtype=bfloat16)
@@ -64,8 +70,20 @@ sft)
     timeout 150 $PY bench/per_image_overhead.py --episodes 64 --device cuda --model-dir $WORK/model \
       --out "$OUT/per_image_overhead.json" | tail -8
   fi
-  stamp "SFT: the random maze9 model behaviour-clones the oracle (train.sft.max_minutes)"
-  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" -o $WORK/sft-model
+  SFT_FROM=("${SFT_SET[@]}")
+  if [ "$LOOK_MIN" != 0 ]; then
+    # The look drill first (maze_look, see configs/gpu-maze9.yaml): the 2026-12-01 run's SFT model,
+    # trained on the walk alone, never read the walls: its first move depended on the start corner only.
+    stamp "look: the random maze9 model learns to name the open moves around the agent ($LOOK_MIN min)"
+    $PY -m vlrl.cli sft $CFG "${LOOK_SET[@]}" -o $WORK/look-model
+    echo "look sft exit $?"
+    cp $WORK/look-model/sft_history.json "$OUT/look_sft_history.json" 2>/dev/null
+    $PY -m vlrl.cli eval -c $CFG "${LOOK_SET[@]}" model.path=$WORK/look-model model.init_tiny=null -n 500 -o $WORK/eval-look | tail -4
+    cp $WORK/eval-look/base/summary.json "$OUT/look_eval_summary.json" 2>/dev/null
+    SFT_FROM=("${SFT_SET[@]}" model.path=$WORK/look-model model.init_tiny=null train.sft.max_minutes=$SFT_MIN)
+  fi
+  stamp "SFT: the model behaviour-clones the oracle's walk (train.sft.max_minutes)"
+  $PY -m vlrl.cli sft $CFG "${SFT_FROM[@]}" -o $WORK/sft-model
   echo "sft exit $?"
   cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
   $PY - "$WORK/sft-model/sft_history.json" <<'PY'
