@@ -220,3 +220,25 @@ def test_models_without_the_pieces_keep_their_own_forward(parts):
     out = _prefill(decoder, prompts, parts[1].tokenizer.pad_token_id)
     assert decoder.vision_stats["encoded"] == sum(len(p.pixel_values) for p in prompts) and not decoder.vision_cache.entries
     _assert_same_prefill(out, _prefill(_StaticDecoder(model, vision_cache_mb=0), prompts, parts[1].tokenizer.pad_token_id))
+
+
+def test_deepstack_features_as_one_tensor_per_layer_give_the_same_prefill(parts, monkeypatch):
+    """transformers 5.17 (the GPU image's) returns each deepstack layer as one [tokens, hidden]
+    tensor, 5.19 (here) one tensor per image: the cache must read both. The older form is made here
+    by concatenating 5.19's real output (a format shim, not a mock: the vision tower still runs)."""
+    model, processor, _, convs = parts
+    pad = processor.tokenizer.pad_token_id
+    vlm = model.get_base_model().model if hasattr(model, "get_base_model") else model.model
+    stock = vlm.get_image_features
+
+    def concatenated(*args, **kwargs):
+        out = stock(*args, **kwargs)
+        out.deepstack_features = [torch.cat(list(f), dim=0) for f in out.deepstack_features]
+        return out
+
+    reference = _prefill(_StaticDecoder(model, vision_cache_mb=0), list(convs), pad)
+    monkeypatch.setattr(vlm, "get_image_features", concatenated)
+    decoder = _StaticDecoder(model)
+    assert decoder._cache_problem is None
+    _assert_same_prefill(_prefill(decoder, list(convs), pad), reference)
+    assert decoder.vision_stats["encoded"] > 1

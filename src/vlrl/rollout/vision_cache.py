@@ -110,6 +110,20 @@ def weights_signature(module: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in module.parameters())
 
 
+def per_image_features(out: Any, grids: torch.Tensor, merge: int) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+    """(embeddings per image, per deepstack layer: features per image) of a `get_image_features` output.
+
+    transformers 5.19 splits both by image; 5.17 (the GPU image's) splits the embeddings only and
+    returns each deepstack layer as one [all tokens, hidden] tensor: indexing that by image took a
+    token's row instead (found on an H200, 2026-12-02). Tensors are split here, so either works."""
+    sizes = (grids.prod(-1) // (merge * merge)).tolist()
+
+    def split(x):
+        return tuple(torch.split(x, sizes)) if isinstance(x, torch.Tensor) else tuple(x)
+
+    return split(out.pooler_output), [split(f) for f in out.deepstack_features]
+
+
 def image_features(cache: VisionFeatureCache, vlm: Any, pixels: list[torch.Tensor], grids: torch.Tensor,
                    device: torch.device) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], dict[str, int]]:
     """Embeddings and deepstack features of each image in order: the cached ones looked up, the
@@ -131,8 +145,9 @@ def image_features(cache: VisionFeatureCache, vlm: Any, pixels: list[torch.Tenso
         batch = torch.cat([pixels[i] for i in index], dim=0)
         moved = _nbytes(batch)
         out = vlm.get_image_features(batch.to(device, non_blocking=True), grids[index].to(device), return_dict=True)
+        per_embeds, per_layer = per_image_features(out, grids[index], int(vlm.visual.spatial_merge_size))
         for j, i in enumerate(index):
-            embeds, deepstack = out.pooler_output[j], tuple(f[j] for f in out.deepstack_features)
+            embeds, deepstack = per_embeds[j], tuple(f[j] for f in per_layer)
             if cache.enabled:
                 # Copies, so that an entry does not keep the whole call's feature tensors alive.
                 embeds, deepstack = embeds.clone(), tuple(f.clone() for f in deepstack)
