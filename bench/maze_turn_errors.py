@@ -1,0 +1,96 @@
+"""What each turn of maze evaluation traces did, against the oracle: a good move (one step closer
+to the goal), a wrong branch (a free block, but away from the goal), a bump (into a wall), a stop
+(on or off the goal); and whether the first move depends on the walls or only on the start.
+
+A model that cannot see the walls still learns the start corner's commonest first move: the
+first table then shows one move per start, whatever the maze (2026-12-01, 9x9 on an H200).
+
+    python bench/maze_turn_errors.py bench/gpu-maze9-2026-12-01b/eval-holdout/sft/traces.jsonl.gz [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from collections import Counter, defaultdict, deque
+
+MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+
+
+def distances(blocks: list[str], goal: tuple[int, int]) -> dict[tuple[int, int], int]:
+    """Steps from every free block to the goal (blocks layout: '.' free, '#' wall)."""
+    dist, queue = {goal: 0}, deque([goal])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in MOVES.values():
+            nxt = (r + dr, c + dc)
+            if blocks[nxt[0]][nxt[1]] == "." and nxt not in dist:
+                dist[nxt] = dist[(r, c)] + 1
+                queue.append(nxt)
+    return dist
+
+
+def classify(trace: dict) -> list[str]:
+    """The kind of every turn of one blocks-layout maze trace."""
+    maze = trace["maze"]
+    blocks, goal = maze["blocks"], tuple(maze["goal"])
+    dist, pos, kinds = distances(blocks, goal), tuple(maze["start"]), []
+    for turn in trace["turns"]:
+        action = turn.get("action")
+        if action == "stop" or action not in MOVES:
+            kinds.append(("stop" if pos == goal else "stop off goal") if action == "stop" else "invalid")
+        else:
+            nxt = (pos[0] + MOVES[action][0], pos[1] + MOVES[action][1])
+            kinds.append("bump" if blocks[nxt[0]][nxt[1]] != "." else "good" if dist[nxt] < dist[pos] else "wrong branch")
+        pos = tuple(turn["position"])
+    return kinds
+
+
+def summarise(path: str) -> dict:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        traces = [json.loads(line) for line in f if line.strip()]
+    kinds, first_error, first_moves = Counter(), Counter(), defaultdict(Counter)
+    by_turn: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for trace in traces:
+        if trace["maze"].get("layout") != "blocks" or not trace["turns"]:
+            continue
+        turns = classify(trace)
+        kinds.update(turns)
+        wrong = next((k for k in turns if k not in ("good", "stop")), None)
+        if wrong:
+            first_error[wrong] += 1
+        for t, kind in enumerate(turns):
+            by_turn[t][0] += kind in ("good", "stop")
+            by_turn[t][1] += 1
+        start = tuple(trace["maze"]["start"])
+        first_moves[str(start)][f"{trace['turns'][0].get('action')} ({turns[0]})"] += 1
+    return {
+        "file": path, "episodes": len(traces), "turns": dict(kinds), "first_error": dict(first_error),
+        "accuracy_by_turn": {t: round(ok / n, 3) for t, (ok, n) in sorted(by_turn.items())},
+        "first_move_by_start": {s: dict(c) for s, c in sorted(first_moves.items())},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="+", help="traces.jsonl or traces.jsonl.gz of `vlrl eval`")
+    parser.add_argument("--json", help="write the summaries here")
+    args = parser.parse_args()
+    out = [summarise(p) for p in args.traces]
+    for s in out:
+        total = sum(s["turns"].values()) or 1
+        print(f"{s['file']}: {s['episodes']} episodes, {total} turns")
+        print("  turns:", ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sorted(s["turns"].items(), key=lambda x: -x[1])))
+        print("  first mistake:", s["first_error"])
+        print("  right moves by turn:", " ".join(f"{t}:{a:.2f}" for t, a in s["accuracy_by_turn"].items()))
+        for start, moves in s["first_move_by_start"].items():
+            print(f"  first move from {start}:", moves)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
