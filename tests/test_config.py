@@ -106,3 +106,14 @@ def test_console_script_prints_one_error_line(tmp_path):
     lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
     assert len(lines) == 1 and "did you mean 'algo.group_size'" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_tiny_presets_are_one_list():
+    """model.init_tiny, the model builder and `vlrl model init-tiny --size` accept the same presets."""
+    from typing import get_args
+
+    from vlrl.cli.model_cmd import TinySizeChoice
+    from vlrl.config import TinyPreset
+    from vlrl.models.tiny import TINY_SPECS
+
+    assert set(get_args(TinyPreset)) == set(TINY_SPECS) == {c.value for c in TinySizeChoice}

@@ -35,12 +35,16 @@ class LoraConfig(Section):
     include_vision: bool = Field(False, description="Also adapt the vision tower's linear layers.")
 
 
+# The presets of `vlrl.models.tiny.build_tiny_model` (one list: the model builder and the CLI read it here).
+TinyPreset = Literal["ci", "demo", "maze9", "qwen3vl-2b-shape", "qwen3vl-8b-shape"]
+
+
 class ModelConfig(Section):
     path: str = Field(
         "runs/models/tiny-ci",
         description="Local directory of a Qwen3-VL checkpoint (or one built by `vlrl model init-tiny`). Never downloaded.",
     )
-    init_tiny: Literal["ci", "demo", "maze9", "qwen3vl-2b-shape", "qwen3vl-8b-shape"] | None = Field(
+    init_tiny: TinyPreset | None = Field(
         None,
         description="If set and `path` does not exist, build a random tiny model of this preset there first (offline).",
     )

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import get_args
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from vlrl.config import TinyPreset
+
 app = typer.Typer(help="Build and inspect policy models (local directories only).", no_args_is_help=True)
 console = Console()
 
 
-class TinySizeChoice(str, Enum):
-    """Presets of `build_tiny_model`."""
-
-    ci = "ci"
-    demo = "demo"
-    qwen3vl_2b_shape = "qwen3vl-2b-shape"
-    qwen3vl_8b_shape = "qwen3vl-8b-shape"
+# The presets of `build_tiny_model`, from the one list (a hand-kept copy here had missed maze9).
+TinySizeChoice = Enum("TinySizeChoice", {name.replace("-", "_"): name for name in get_args(TinyPreset)}, type=str)
 
 
 def _quiet_transformers() -> None:
@@ -40,8 +38,8 @@ def _params_table(title: str, counts: dict[str, int]) -> Table:
 def init_tiny(
     out: Path = typer.Argument(..., help="Directory to create (must not exist or be empty)."),
     size: TinySizeChoice = typer.Option(
-        TinySizeChoice.ci, "--size", help="ci: <1M params for tests; demo: ~5M, learns a small maze; "
-        "qwen3vl-2b-shape: Qwen3-VL-2B layer shapes (~1.8B, bf16, small vocabulary) for GPU runs; "
+        "ci", "--size", help="ci: <1M params for tests; demo: ~5M, learns a small maze; "
+        "maze9: ~56M, the GPU recipe of 9x9 block mazes (configs/gpu-maze9.yaml); qwen3vl-2b-shape: Qwen3-VL-2B layer shapes (~1.8B, bf16, small vocabulary) for GPU runs; "
         "qwen3vl-8b-shape: Qwen3-VL-8B layer shapes and vocabulary (8.8B) for benchmarks."
     ),
     seed: int = typer.Option(0, "--seed", help="Initialisation seed; the same seed gives identical weights."),

@@ -27,16 +27,16 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from vlrl.config import TinyPreset
 from vlrl.errors import VlrlError
 
-TinySize = Literal["ci", "demo", "maze9", "qwen3vl-2b-shape", "qwen3vl-8b-shape"]
+TinySize = TinyPreset  # the preset names live in vlrl.config, which validates model.init_tiny
 
 
 @dataclass(frozen=True)
