@@ -46,8 +46,11 @@ SFT_SET=("${SET[@]}" model.path=$WORK/model)
 # of the 7 minutes (SFT_MIN): single-turn maze_look episodes with the agent anywhere.
 LOOK_MIN=${LOOK_MIN:-1.5}
 SFT_MIN=${SFT_MIN:-$(python3 -c "print(7.0 - $LOOK_MIN)")}
+# Batches of 64 (LOOK_BATCH): the drill's loss drops suddenly after a plateau, so steps count more
+# than examples (2026-12-02: 391 steps of 256 in 2.5 min stayed on the plateau, blind).
 LOOK_SET=("${SET[@]}" model.path=$WORK/model env.name=maze_look env.placement=random env.max_turns=1
-          train.sft.batch_size=256 train.sft.noise=0 train.sft.episodes=400000 train.sft.max_minutes=$LOOK_MIN)
+          train.sft.batch_size=${LOOK_BATCH:-64} train.sft.noise=0 train.sft.episodes=100000 train.sft.epochs=20
+          train.sft.max_minutes=$LOOK_MIN)
 # GRPO starts on the SFT model, in bf16 on a GPU (fp32 on the CPU smoke).
 GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
 [ -z "${SMOKE:-}" ] && GRPO_SET+=(model.dtype=bfloat16)
@@ -92,6 +95,11 @@ h = json.load(open(sys.argv[1]))
 for r in h[:: max(1, len(h) // 15)] + h[-1:]:
     print(f"  SFT step {r['step']:5d}  {r['seconds']:7.1f} s  loss {r['loss']:.4f}")
 PY
+  if [ "${SFT_CHECK_N:-0}" != 0 ]; then  # does the SFT model read the walls? (bench/maze_turn_errors.py)
+    stamp "SFT model on $SFT_CHECK_N holdout mazes, greedy, and what its turns did"
+    $PY -m vlrl.cli eval -c $CFG "${GRPO_SET[@]}" -n $SFT_CHECK_N -o $WORK/eval-sft-check | tail -3
+    $PY bench/maze_turn_errors.py $WORK/eval-sft-check/base/traces.jsonl --json "$OUT/sft_check_turn_errors.json"
+  fi
   mins=$(( ($(left) - 45) / 60 ))
   [ "$mins" -ge 1 ] && grpo "$mins"
   ;;
@@ -116,7 +124,8 @@ PY
   # (the device returns at most 8 files, two folders down).
   FINAL=$WORK/final
   stamp "evaluation: base, SFT, GRPO on holdout and adversarial (greedy)"
-  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" -- "${GRPO_SET[@]}"
+  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout adversarial} \
+    --models ${FINAL_MODELS:-base sft grpo} -- "${GRPO_SET[@]}"
   echo "eval exit $?"
   stamp "re-verifying the saved traces"
   for d in "$FINAL"/eval-*; do echo "$d"; $PY -m vlrl.cli eval-verify "$d" | tail -8; done
