@@ -73,7 +73,7 @@ sft)
     timeout 150 $PY bench/per_image_overhead.py --episodes 64 --device cuda --model-dir $WORK/model \
       --out "$OUT/per_image_overhead.json" | tail -8
   fi
-  SFT_FROM=("${SFT_SET[@]}")
+  SFT_FROM=("${SFT_SET[@]}" train.sft.max_minutes=$SFT_MIN)
   if [ "$LOOK_MIN" != 0 ]; then
     # The look drill first (maze_look, see configs/gpu-maze9.yaml): the 2026-12-01 run's SFT model,
     # trained on the walk alone, never read the walls: its first move depended on the start corner only.
