@@ -203,6 +203,22 @@ def test_greedy_turns_with_the_cache_match_generate(parts):
     assert fast._decoder.vision_cache.hits > 0
 
 
+def test_sleep_drops_the_cached_features_and_the_next_rollout_reencodes(parts):
+    """The worker puts the engine to sleep before every update: the features' memory goes to it."""
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
+    engine = _engine(parts, fast_decode=True)
+    prompts = list(parts[3])
+    first = engine.generate(prompts, greedy)
+    cache = engine._decoder.vision_cache
+    assert cache.entries and cache.bytes > 0
+    engine.sleep()
+    assert not cache.entries and cache.bytes == 0
+    engine.wake_up()
+    again = engine.generate(prompts, greedy)
+    assert engine._decoder.vision_stats["encoded"] == len({id(t) for p in prompts for t in p.pixel_values})
+    assert [c[0].token_ids for c in again] == [c[0].token_ids for c in first]
+
+
 def test_models_without_the_pieces_keep_their_own_forward(parts):
     model = parts[0]
     base = model.get_base_model()

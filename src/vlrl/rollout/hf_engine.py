@@ -112,6 +112,15 @@ class TransformersEngine(RolloutEngine):
             self._decoder.weights_updates += 1
         return time.perf_counter() - start
 
+    def sleep(self) -> None:
+        """Drop the vision features kept across a rollout's turns before the policy trains: the
+        update changes the vision weights they came from (LoRA on the vision tower), and their
+        memory (16 GiB in gpu-maze9) is the update's to use; held through it, a GRPO update on an
+        H200 ran out of memory (2026-12-02). The decode buffers and graphs stay: re-capturing them
+        every step would cost seconds."""
+        if self._decoder is not None:
+            self._decoder.vision_cache.clear()
+
     @torch.no_grad()
     def generate(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:
         if params.seed is not None:
