@@ -1,11 +1,11 @@
 """What each turn of maze evaluation traces did, against the oracle: a good move (one step closer
-to the goal), a wrong branch (a free block, but away from the goal), a bump (into a wall), a stop
+to the goal), a wrong branch (open, but away from the goal), a bump (into a wall), a stop
 (on or off the goal); and whether the first move depends on the walls or only on the start.
 
 A model that cannot see the walls still learns the start corner's commonest first move: the
 first table then shows one move per start, whatever the maze (2026-12-01, 9x9 on an H200).
 
-    python bench/maze_turn_errors.py bench/gpu-maze9-2026-12-01b/eval-holdout/sft/traces.jsonl.gz [--json OUT]
+    PYTHONPATH=src python bench/maze_turn_errors.py bench/gpu-maze9-2026-12-01b/eval-holdout/sft/traces.jsonl.gz [--json OUT]
 """
 
 from __future__ import annotations
@@ -13,36 +13,25 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 
-MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+from vlrl.envs.maze.maze import Maze
+from vlrl.envs.maze.oracle import distances_to
 
-
-def distances(blocks: list[str], goal: tuple[int, int]) -> dict[tuple[int, int], int]:
-    """Steps from every free block to the goal (blocks layout: '.' free, '#' wall)."""
-    dist, queue = {goal: 0}, deque([goal])
-    while queue:
-        r, c = queue.popleft()
-        for dr, dc in MOVES.values():
-            nxt = (r + dr, c + dc)
-            if blocks[nxt[0]][nxt[1]] == "." and nxt not in dist:
-                dist[nxt] = dist[(r, c)] + 1
-                queue.append(nxt)
-    return dist
+MOVES = ("up", "down", "left", "right")
 
 
 def classify(trace: dict) -> list[str]:
-    """The kind of every turn of one blocks-layout maze trace."""
-    maze = trace["maze"]
-    blocks, goal = maze["blocks"], tuple(maze["goal"])
-    dist, pos, kinds = distances(blocks, goal), tuple(maze["start"]), []
+    """The kind of every turn of one maze trace (either layout), judged by the env's own maze and BFS."""
+    maze = Maze.from_json(trace["maze"])
+    dist, pos, kinds = distances_to(maze, maze.goal), maze.start, []
     for turn in trace["turns"]:
         action = turn.get("action")
-        if action == "stop" or action not in MOVES:
-            kinds.append(("stop" if pos == goal else "stop off goal") if action == "stop" else "invalid")
+        if action not in MOVES:
+            kinds.append(("stop" if pos == maze.goal else "stop off goal") if action == "stop" else "invalid")
         else:
-            nxt = (pos[0] + MOVES[action][0], pos[1] + MOVES[action][1])
-            kinds.append("bump" if blocks[nxt[0]][nxt[1]] != "." else "good" if dist[nxt] < dist[pos] else "wrong branch")
+            nxt = maze.move(pos, action)
+            kinds.append("bump" if nxt is None else "good" if dist[nxt[0]][nxt[1]] < dist[pos[0]][pos[1]] else "wrong branch")
         pos = tuple(turn["position"])
     return kinds
 
@@ -54,7 +43,7 @@ def summarise(path: str) -> dict:
     kinds, first_error, first_moves = Counter(), Counter(), defaultdict(Counter)
     by_turn: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for trace in traces:
-        if trace["maze"].get("layout") != "blocks" or not trace["turns"]:
+        if not trace["turns"]:
             continue
         turns = classify(trace)
         kinds.update(turns)
