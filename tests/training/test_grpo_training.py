@@ -182,7 +182,8 @@ def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_mo
     """GRPO through the fast path (forced on CPU) with a vision-tower LoRA, the vision cache on and
     off: the same numbers. Each step trains the vision LoRA, so an image whose features were
     cached before a step (the same pixel tensor: ChatFormat's image cache hands it out again for
-    the same screen) must be encoded anew after it (a stale cache gives logits ~4e-3 off here)."""
+    the same screen) must be encoded anew after it (a stale cache gives logits ~4e-3 off here).
+    The worker's engine.sleep() before each update drops it."""
     runs = {}
     for mb in (0, 64):
         cfg = ci_config(f"model.path={formatted_model_dir}", "train.steps=3", "train.lr=1e-2", "rollout.fast_decode=true",
@@ -204,7 +205,10 @@ def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_mo
         runs[mb] = (step_numbers(history), decoder.vision_cache, trainer.worker.adapter_state())
     (off, _, state), (on, cache, _) = runs[0], runs[64]
     assert any(float(v.abs().sum()) > 0 for k, v in state.items() if "visual" in k and "lora_B" in k)
-    assert cache.hits > 0 and cache.invalidations >= 2
+    # Hits within a rollout's turns; across an update nothing survives: the worker's engine.sleep()
+    # empties the cache before each update, so the weight check (tests/rollout/test_vision_cache.py)
+    # never finds old entries in a run.
+    assert cache.hits > 0 and cache.invalidations == 0
     # The same samples, losses and updates. The sampler-vs-trainer log-prob gaps are rounding
     # noise (~1e-6) and move with any change of operation order, as the cached prefill's: small only.
     for a, b in zip(off, on, strict=True):
