@@ -77,7 +77,7 @@ sft)
   fi
   SFT_FROM=("${SFT_SET[@]}" train.sft.max_minutes=$SFT_MIN)
   if [ "$LOOK_MIN" != 0 ]; then
-    # The look drill first (maze_look, see configs/gpu-maze9.yaml): the 2026-12-01 run's SFT model,
+    # The look drill first (maze_look, see docs/maze.md): the 2026-12-01 run's SFT model,
     # trained on the walk alone, never read the walls: its first move depended on the start corner only.
     stamp "look: the random maze9 model learns to name the open moves around the agent ($LOOK_MIN min)"
     $PY -m vlrl.cli sft $CFG "${LOOK_SET[@]}" -o $WORK/look-model
@@ -85,7 +85,7 @@ sft)
     cp $WORK/look-model/sft_history.json "$OUT/look_sft_history.json" 2>/dev/null
     $PY -m vlrl.cli eval -c $CFG "${LOOK_SET[@]}" model.path=$WORK/look-model model.init_tiny=null -n 500 -o $WORK/eval-look | tail -4
     cp $WORK/eval-look/base/summary.json "$OUT/look_eval_summary.json" 2>/dev/null
-    SFT_FROM=("${SFT_SET[@]}" model.path=$WORK/look-model model.init_tiny=null train.sft.max_minutes=$SFT_MIN)
+    SFT_FROM+=(model.path=$WORK/look-model model.init_tiny=null)
   fi
   stamp "SFT: the model behaviour-clones the oracle's walk (train.sft.max_minutes)"
   $PY -m vlrl.cli sft $CFG "${SFT_FROM[@]}" -o $WORK/sft-model

@@ -34,7 +34,7 @@ def look_data(size: int, split: str, n: int, cell_px: int):
         env = make_env(config.env)
         obs = env.reset(task)
         images.append(obs.images[0])
-        labels.append([float(env.maze.move(env.pos, m) is not None) for m in MOVES])
+        labels.append([float(m in env.open_moves()) for m in MOVES])
     return images, torch.tensor(labels)
 
 

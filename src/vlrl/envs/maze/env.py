@@ -13,8 +13,9 @@ success. After `max_turns` turns the episode ends without success.
 `maze_look`: one turn, a perception drill: the model names every move that is not blocked from
 where it stands, `<answer>up left</answer>` (any order, each move once); it succeeds iff the set is
 exactly right. With `placement: random` the agent stands anywhere, so the answer cannot be
-guessed from the start corner: it teaches a model built from scratch to read the blocks around
-the agent before it learns to walk (`configs/gpu-maze9.yaml` runs it as a first SFT stage).
+guessed from the start corner: it checks whether a model reads the blocks around the agent (a
+blind model scores the commonest set's share), and `bench/gpu_maze9.sh` can run it as a first
+SFT stage (`LOOK_MIN`; it did not teach maze9 to see, bench/RESULTS.md 2026-12-02).
 
 `maze_plan`: one turn; the model answers the whole path, `<answer>right down down</answer>`
 (moves separated by spaces or commas, last tag counts). The path is simulated from the start
