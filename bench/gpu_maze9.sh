@@ -39,7 +39,8 @@ SET=(storage.root=$WORK/runs tracking.enabled=false)
 if [ -n "${SMOKE:-}" ]; then
   SET+=(model.init_tiny=ci runtime.use_gpu=false runtime.torch_threads=2 train.sft.episodes=64 train.sft.batch_size=16
         train.sft.data_workers=1 algo.tasks_per_step=2 algo.group_size=4 algo.mini_batch_size=8 algo.micro_batch_size=8
-        train.eval_tasks=4 train.eval_every=2 train.checkpoint_every=2 env.holdout.count=6 env.adversarial.count=6)
+        train.eval_tasks=4 train.eval_every=2 train.checkpoint_every=2 env.holdout.count=6 env.adversarial.count=6
+        train.vision_pretrain.tasks=256 train.vision_pretrain.eval_tasks=6 train.vision_pretrain.eval_every=10)
 fi
 SFT_SET=("${SET[@]}" model.path=$WORK/model)
 # The look drill (LOOK_MIN minutes, 0: none) on the random model, then the walk's SFT for the rest
@@ -47,7 +48,10 @@ SFT_SET=("${SET[@]}" model.path=$WORK/model)
 # on 2026-12-02 the maze9 model stayed blind through 2,080 drill steps, and the walk's SFT from the
 # drilled model ended at loss 0.25 where the random model's is ~0.10 (bench/RESULTS.md).
 LOOK_MIN=${LOOK_MIN:-0}
-SFT_MIN=${SFT_MIN:-$(python3 -c "print(7.0 - $LOOK_MIN)")}
+# Perception pretraining first (VISION_MIN minutes, 0: none): the vision tower learns, from dense
+# labels on every block, which blocks are walls and which moves are open (vlrl model pretrain-vision).
+VISION_MIN=${VISION_MIN:-2.5}
+SFT_MIN=${SFT_MIN:-$(python3 -c "print(7.0 - $LOOK_MIN - $VISION_MIN)")}
 # Batches of 64 (LOOK_BATCH): the drill's loss drops suddenly after a plateau, so steps count more
 # than examples (2026-12-02: 391 steps of 256 in 2.5 min stayed on the plateau, blind).
 LOOK_SET=("${SET[@]}" model.path=$WORK/model env.name=maze_look env.placement=random env.max_turns=1
@@ -76,6 +80,15 @@ sft)
       --out "$OUT/per_image_overhead.json" | tail -8
   fi
   SFT_FROM=("${SFT_SET[@]}" train.sft.max_minutes=$SFT_MIN)
+  if [ "$VISION_MIN" != 0 ]; then
+    stamp "vision pretraining: the tower learns to see every block ($VISION_MIN min)"
+    $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model
+    echo "pretrain-vision exit $?"
+    cp $WORK/seeing-model/vision_pretrain_history.json "$OUT/" 2>/dev/null
+    $PY -c "import json,sys; [print(' ', json.dumps(r)) for r in json.load(open(sys.argv[1]))]" $WORK/seeing-model/vision_pretrain_history.json
+    SFT_FROM+=(model.path=$WORK/seeing-model model.init_tiny=null)
+    LOOK_SET+=(model.path=$WORK/seeing-model model.init_tiny=null)
+  fi
   if [ "$LOOK_MIN" != 0 ]; then
     # The look drill first (maze_look, see docs/maze.md): the 2026-12-01 run's SFT model,
     # trained on the walk alone, never read the walls: its first move depended on the start corner only.

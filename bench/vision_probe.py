@@ -46,12 +46,15 @@ class VisionProbe(torch.nn.Module):
         from transformers import Qwen3VLForConditionalGeneration
 
         self.visual = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).model.visual
-        self.head = torch.nn.Linear(self.visual.merger.linear_fc2.out_features, 4)
+        width = self.visual.merger.linear_fc2.out_features
+        # Layer-normed mean: a random tower's summed tokens are large and vary between images,
+        # which kept even the label marginals from being learnt (loss above ln 2).
+        self.head = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, 4))
 
     def forward(self, pixels, grids):
         tokens = self.visual(pixels, grid_thw=grids, return_dict=True).pooler_output
         per = (grids.prod(-1) // self.visual.spatial_merge_size**2).tolist()
-        return self.head(torch.stack([t.sum(0) for t in torch.split(tokens, per)]))
+        return self.head(torch.stack([t.mean(0) for t in torch.split(tokens, per)]))
 
 
 class CnnProbe(torch.nn.Module):
@@ -81,6 +84,7 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=4096, help="training mazes")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--local-init", type=float, default=0.0, help="EXPERIMENT: local attention init strength")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -96,7 +100,11 @@ def main() -> None:
     else:
         from vlrl.models.processor import load_processor
 
-        model = VisionProbe(args.model_dir).to(dev)
+        model = VisionProbe(args.model_dir)
+        if args.local_init:
+            import sys; sys.path.insert(0, "/tmp/li"); from local_init import init_local_vision_attention
+            init_local_vision_attention(model.visual, 2, args.local_init)
+        model = model.to(dev)
         proc = load_processor(args.model_dir).image_processor
         enc, h_enc = proc(images=images, return_tensors="pt"), proc(images=h_images, return_tensors="pt")
         per = int(enc["image_grid_thw"][0].prod())  # every maze image has the same size

@@ -220,6 +220,20 @@ class SftConfig(Section):
     )
 
 
+
+class VisionPretrainConfig(Section):
+    steps: int = Field(1000, ge=1, description="Optimizer steps of `vlrl model pretrain-vision` (dense perception labels on the vision tower).")
+    max_minutes: float | None = Field(
+        None, gt=0, description="Wall-clock budget: past it the tower trained so far is saved (None: run every step)."
+    )
+    batch_size: int = Field(64, ge=1, description="Images per step; each gives one example per maze square.")
+    lr: float = Field(1e-3, gt=0, description="Learning rate (AdamW) of the vision tower and its temporary head.")
+    warmup_steps: int = Field(50, ge=0, description="Linear learning-rate warm-up, then constant.")
+    tasks: int = Field(4096, ge=1, description="Training images: tasks of the train split, the agent anywhere (maze_look placement).")
+    eval_tasks: int = Field(200, ge=1, description="Holdout images the perception scores are measured on.")
+    eval_every: int = Field(100, ge=1, description="Steps between two measurements on the holdout images.")
+
+
 GuardAction = Literal["warn", "skip", "rollback", "stop"]
 _GUARD_ACTION_DOC = (
     "What happens when the check fires: `warn` logs it (the update stays as computed); `skip` drops the step's "
@@ -317,6 +331,10 @@ class TrainConfig(Section):
         2, ge=1, description="Checkpoints kept (the newest by step); the newest valid one is never deleted."
     )
     sft: SftConfig = Field(default_factory=SftConfig, description="Settings of the SFT warm start (`vlrl sft`).")
+    vision_pretrain: VisionPretrainConfig = Field(
+        default_factory=VisionPretrainConfig,
+        description="Perception pretraining of a tiny model's vision tower (`vlrl model pretrain-vision`, before SFT).",
+    )
     guards: GuardsConfig = Field(
         default_factory=GuardsConfig,
         description="Stability guards: checks on each step's record and what to do when one fires (docs/observability.md).",

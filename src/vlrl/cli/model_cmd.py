@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from enum import Enum
 from pathlib import Path
 from typing import get_args
@@ -60,6 +61,33 @@ def init_tiny(
     console.print(f"[green]Built[/green] {path}")
     console.print(_params_table(f"tiny-{size.value}", count_checkpoint_parameters(path)))
     console.print(f"fingerprint: {fingerprint}", soft_wrap=True)
+
+
+@app.command("pretrain-vision")
+def pretrain_vision(
+    config: Path = typer.Argument(..., help="YAML run config: model.path (the tiny base), env (a maze env), train.vision_pretrain."),
+    overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.vision_pretrain.steps=2000."),
+    out: Path = typer.Option(..., "--out", "-o", help="New model directory (a new base, its own fingerprint)."),
+) -> None:
+    """Train a tiny model's vision tower to see every maze square (wall, agent, goal, open moves).
+
+    A stand-in for the pretrained vision tower a real checkpoint has: dense per-square labels,
+    no paths or actions. Then SFT and GRPO start from OUT (model.path=OUT model.init_tiny=null).
+
+    Example: vlrl model pretrain-vision configs/gpu-maze9.yaml -o runs/models/maze9-seeing
+    """
+    from vlrl.config import load_config
+    from vlrl.models.fingerprint import model_fingerprint
+    from vlrl.training.vision_pretrain import pretrain_vision as run
+
+    _quiet_transformers()
+    cfg = load_config(config, overrides or [])
+    with console.status(f"Pretraining the vision tower of {cfg.model.path} ..."):
+        path = run(cfg, out)
+    final = json.loads((path / "vlrl_vision_pretrain.json").read_text())["final"]
+    console.print(f"[green]Wrote[/green] {path} after {final['step']} steps: holdout agent square exact "
+                  f"{final['agent_exact']:.1%}, free squares exact {final['free_squares_exact']:.1%}")
+    console.print(f"fingerprint: {model_fingerprint(path)}", soft_wrap=True)
 
 
 @app.command("info")

@@ -136,9 +136,10 @@ def reached_target(history: list[dict], target: float | None) -> bool:
     return sum(h["loss"] for h in history[-TARGET_WINDOW:]) / TARGET_WINDOW < target
 
 
-def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str) -> Path:
+def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str,
+                    record_file: str = "vlrl_sft.json", record: dict | None = None) -> Path:
     """Write a fully fine-tuned model as a new base: weights + config, the base's tokenizer and
-    processor files, and `vlrl_sft.json` naming the model it was trained from."""
+    processor files, and `record_file` naming the model it was trained from (plus `record`)."""
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -147,7 +148,7 @@ def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint
         if f.is_file() and not (f.suffix == ".safetensors" or f.name in ("config.json", "model.safetensors.index.json")):
             shutil.copy2(f, tmp / f.name)
     model.save_pretrained(str(tmp))
-    (tmp / "vlrl_sft.json").write_text(json.dumps({"trained_from": str(base_dir), "base_fingerprint": base_fingerprint}))
+    (tmp / record_file).write_text(json.dumps({"trained_from": str(base_dir), "base_fingerprint": base_fingerprint, **(record or {})}))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

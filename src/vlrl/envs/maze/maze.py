@@ -77,6 +77,8 @@ WALL_BLOCK, FREE_BLOCK = "#", "."
 
 # Movement actions and the side each one crosses (the image's up is row - 1).
 MOVES = ("up", "down", "left", "right")
+# Maze.square_labels, per square: the square is a wall / the agent / the goal, then each move is open.
+SQUARE_LABELS = ("wall", "agent", "goal", *(f"open_{m}" for m in MOVES))
 ACTION_SIDE = {"up": N, "down": S, "left": W, "right": E}
 SIDE_ACTION = {v: k for k, v in ACTION_SIDE.items()}
 
@@ -143,6 +145,20 @@ class Maze:
     def open_edge_count(self) -> int:
         """Number of open passages between squares (free squares - 1 for a perfect maze)."""
         return sum(bin(m & (E | S)).count("1") for m in self.open)
+
+    def square_labels(self, agent: Cell) -> list[list[float]]:
+        """What each square shows, row by row, as SQUARE_LABELS: 1.0 or 0.0 per label.
+
+        The dense targets of perception pretraining (vlrl.training.vision_pretrain): purely local
+        facts about one square, no path or distance. A wall's four move labels are 0.
+        """
+        rows = []
+        for i in range(self.size * self.size):
+            cell = divmod(i, self.size)
+            free = self.is_free(cell)
+            rows.append([float(not free), float(cell == tuple(agent)), float(cell == tuple(self.goal))]
+                        + [float(free and self.move(cell, m) is not None) for m in MOVES])
+        return rows
 
     # -- identity ----------------------------------------------------------------------------
     def content_hash(self) -> str:
