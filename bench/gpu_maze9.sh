@@ -50,16 +50,21 @@ SFT_SET=("${SET[@]}" model.path=$WORK/model)
 LOOK_MIN=${LOOK_MIN:-0}
 # Perception pretraining first (VISION_MIN minutes, 0: none): the vision tower learns, from dense
 # labels on every block, which blocks are walls and which moves are open (vlrl model pretrain-vision).
-VISION_MIN=${VISION_MIN:-2.5}
+# 2026-12-02: every label of 200 holdout images right from step 250 (6 s) of a 2.5-minute budget,
+# so 0.75 min keeps a 7x margin and gives SFT the rest.
+VISION_MIN=${VISION_MIN:-0.75}
 SFT_MIN=${SFT_MIN:-$(python3 -c "print(7.0 - $LOOK_MIN - $VISION_MIN)")}
 # Batches of 64 (LOOK_BATCH): the drill's loss drops suddenly after a plateau, so steps count more
 # than examples (2026-12-02: 391 steps of 256 in 2.5 min stayed on the plateau, blind).
 LOOK_SET=("${SET[@]}" model.path=$WORK/model env.name=maze_look env.placement=random env.max_turns=1
           train.sft.batch_size=${LOOK_BATCH:-64} train.sft.noise=0 train.sft.episodes=100000 train.sft.epochs=20
           train.sft.max_minutes=$LOOK_MIN)
-# GRPO starts on the SFT model, in bf16 on a GPU (fp32 on the CPU smoke).
+# GRPO starts on the SFT model, in bf16 on a GPU (fp32 on the CPU smoke). GRPO_EXTRA: more overrides
+# for GRPO and the evaluation, space-separated (e.g. "algo.step_advantage_weight=1 model.lora.include_vision=false").
 GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
 [ -z "${SMOKE:-}" ] && GRPO_SET+=(model.dtype=bfloat16)
+# shellcheck disable=SC2206
+[ -n "${GRPO_EXTRA:-}" ] && GRPO_SET+=(${GRPO_EXTRA})
 RUN=$WORK/runs/gpu-maze9
 
 grpo() {  # GRPO for at most $1 minutes (it checkpoints and exits 75 when the budget runs out), extra overrides after

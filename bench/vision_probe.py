@@ -5,7 +5,9 @@ weights), its merged tokens summed, one linear layer to four logits (up/down/lef
 binary cross-entropy on block mazes with the agent anywhere; exact-set accuracy on holdout mazes
 every `--every` steps. A small CNN (three 3x3 convolutions over the 8x8-patch grid) is the
 reference: on 7x7 mazes it went from chance to 100% between steps 250 and 500 (2026-12-02, CPU),
-while the "ci" vision tower stayed at chance for 1,250 steps.
+while the "ci" vision tower stayed at chance for 1,250 steps. With the tower's heads started local
+(`--local-init 48`) it stayed at chance too (500 steps, 2026-12-02): one answer per image is too weak a
+signal for this tower; dense labels on every square (`vlrl model pretrain-vision`) are what taught it.
 
     python bench/vision_probe.py --model-dir runs/models/maze9 --size 9 --steps 2000 --lr 1e-3 --device cuda --out probe.json
     python bench/vision_probe.py --cnn --size 7 --steps 600 --out cnn.json
@@ -46,15 +48,12 @@ class VisionProbe(torch.nn.Module):
         from transformers import Qwen3VLForConditionalGeneration
 
         self.visual = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).model.visual
-        width = self.visual.merger.linear_fc2.out_features
-        # Layer-normed mean: a random tower's summed tokens are large and vary between images,
-        # which kept even the label marginals from being learnt (loss above ln 2).
-        self.head = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, 4))
+        self.head = torch.nn.Linear(self.visual.merger.linear_fc2.out_features, 4)
 
     def forward(self, pixels, grids):
         tokens = self.visual(pixels, grid_thw=grids, return_dict=True).pooler_output
         per = (grids.prod(-1) // self.visual.spatial_merge_size**2).tolist()
-        return self.head(torch.stack([t.mean(0) for t in torch.split(tokens, per)]))
+        return self.head(torch.stack([t.sum(0) for t in torch.split(tokens, per)]))
 
 
 class CnnProbe(torch.nn.Module):
@@ -84,7 +83,8 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=4096, help="training mazes")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--local-init", type=float, default=0.0, help="EXPERIMENT: local attention init strength")
+    ap.add_argument("--local-init", type=float, default=0.0,
+                    help="first start the tower's heads local with this strength (vlrl.models.tiny._init_local_vision_attention)")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -102,8 +102,9 @@ def main() -> None:
 
         model = VisionProbe(args.model_dir)
         if args.local_init:
-            import sys; sys.path.insert(0, "/tmp/li"); from local_init import init_local_vision_attention
-            init_local_vision_attention(model.visual, 2, args.local_init)
+            from vlrl.models.tiny import _init_local_vision_attention
+
+            _init_local_vision_attention(model.visual, model.visual.spatial_merge_size, args.local_init)
         model = model.to(dev)
         proc = load_processor(args.model_dir).image_processor
         enc, h_enc = proc(images=images, return_tensors="pt"), proc(images=h_images, return_tensors="pt")

@@ -50,6 +50,8 @@ def test_yaml_round_trip(tmp_path):
         ("algo:\n  group_size: many\n", "algo.group_size = 'many'"),
         ("rollout:\n  max_batch_tokens: 8\n", "rollout.max_batch_tokens = 8"),
         ("rollout:\n  vision_cache_mb: -1\n", "rollout.vision_cache_mb = -1"),
+        ("train:\n  vision_pretrain: {steps: 0}\n", "train.vision_pretrain.steps = 0"),
+        ("train:\n  vision_pretrain: {stepz: 5}\n", "unknown key 'train.vision_pretrain.stepz'"),
         ("env:\n  sizes: [2]\n", "maze size 2 is out of range"),
         ("env:\n  holdout: {seed_start: 5}\n", "overlap"),
         ("algo:\n  mini_batch_size: 10\n", "multiple of algo.micro_batch_size"),

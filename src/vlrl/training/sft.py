@@ -154,6 +154,19 @@ def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint
     return out
 
 
+def seeded_model(config: RunConfig, dtype: str):
+    """Seed, thread count, then the base model (built offline first if `model.init_tiny`) and its processor."""
+    from vlrl.models.loading import ensure_model, load_policy_model
+    from vlrl.models.processor import load_processor
+    from vlrl.training.seeding import seed_everything
+
+    seed_everything(config.train.seed)
+    if config.runtime.torch_threads:
+        torch.set_num_threads(config.runtime.torch_threads)
+    model_dir = ensure_model(config.model)
+    return model_dir, load_processor(model_dir), load_policy_model(model_dir, dtype=dtype)
+
+
 def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int, float], None] | None = None) -> Path:
     """Behaviour-clone the oracle; writes a LoRA adapter (mode lora) or a whole model (mode full).
 
@@ -181,19 +194,12 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
 
 def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, float], None] | None) -> Path:
     from vlrl.models.fingerprint import model_fingerprint
-    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
+    from vlrl.models.loading import vision_special_token_ids, worker_device
     from vlrl.models.lora import apply_lora, save_adapter
-    from vlrl.models.processor import load_processor
-    from vlrl.training.seeding import seed_everything
 
     s = config.train.sft
-    seed_everything(config.train.seed)
-    if config.runtime.torch_threads:
-        torch.set_num_threads(config.runtime.torch_threads)
-    model_dir = ensure_model(config.model)
-    processor = load_processor(model_dir)
+    model_dir, processor, model = seeded_model(config, config.model.dtype)
     chat = ChatFormat(processor)
-    model = load_policy_model(model_dir, dtype=config.model.dtype)
     if s.mode == "lora":
         lo = config.model.lora
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, lo.include_vision)

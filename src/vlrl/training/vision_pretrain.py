@@ -40,10 +40,10 @@ from vlrl.envs.base import build_split, make_env
 from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import SQUARE_LABELS
 from vlrl.errors import VlrlError
-from vlrl.training.sft import save_full_model
+from vlrl.training.sft import save_full_model, seeded_model
 
 log = logging.getLogger(__name__)
-_OPEN = slice(3, 3 + 4)  # the four open_* labels in SQUARE_LABELS
+_OPEN = slice(SQUARE_LABELS.index("open_up"), len(SQUARE_LABELS))  # the four move labels, last in SQUARE_LABELS
 
 
 def perception_examples(env: MazeEnvConfig, split: str, n: int) -> tuple[list, torch.Tensor, torch.Tensor]:
@@ -109,19 +109,12 @@ class _Images:
 def pretrain_vision(config: RunConfig, out_dir: str | Path) -> Path:
     """Train the vision tower of `config.model` on square labels (see the module docstring); write a new base."""
     from vlrl.models.fingerprint import model_fingerprint
-    from vlrl.models.loading import ensure_model, load_policy_model, worker_device
-    from vlrl.models.processor import load_processor
-    from vlrl.training.seeding import seed_everything
+    from vlrl.models.loading import worker_device
 
     if not isinstance(config.env, MazeEnvConfig):
         raise VlrlError(f"vision pretraining reads maze squares; env {config.env.name!r} is not a maze env")
     s = config.train.vision_pretrain
-    seed_everything(config.train.seed)
-    if config.runtime.torch_threads:
-        torch.set_num_threads(config.runtime.torch_threads)
-    model_dir = ensure_model(config.model)
-    processor = load_processor(model_dir)
-    model = load_policy_model(model_dir, dtype="float32")
+    model_dir, processor, model = seeded_model(config, "float32")
     visual = model.model.visual
     merge = visual.spatial_merge_size
     device = worker_device(config)
@@ -146,12 +139,16 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path) -> Path:
             tokens = visual(pixels, grid_thw=grid, return_dict=True).pooler_output
             return head(tokens).float().view(len(grid), squares, -1)
 
-    def measure() -> dict[str, float]:
+    def measure(step: int, loss: torch.Tensor) -> dict:
         visual.eval()
         with torch.no_grad():
             chunks = [logits_of(*holdout.batch(idx)) for idx in torch.arange(len(h_labels), device=device).split(s.batch_size)]
         visual.train()
-        return perception_scores(torch.cat(chunks), h_labels, h_agents)
+        scores = perception_scores(torch.cat(chunks), h_labels, h_agents)
+        row = {"step": step, "loss": round(float(loss.detach()), 5), "seconds": round(time.monotonic() - started, 1)}
+        row.update({k: round(v, 4) for k, v in scores.items()})
+        log.info("vision pretraining %s", json.dumps(row))
+        return row
 
     history, started, step = [], time.monotonic(), 0
     budget_s = 60 * s.max_minutes if s.max_minutes is not None else None
@@ -166,13 +163,11 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path) -> Path:
         opt.step()
         step += 1
         if step % s.eval_every == 0 or step == s.steps:
-            row = {"step": step, "loss": round(float(loss.detach()), 5), "seconds": round(time.monotonic() - started, 1)}
-            row.update({k: round(v, 4) for k, v in measure().items()})
-            history.append(row)
-            log.info("vision pretraining %s", json.dumps(row))
+            history.append(measure(step, loss))
+    if step == 0:
+        raise VlrlError("train.vision_pretrain.max_minutes ended vision pretraining before its first step; give it more time")
     if not history or history[-1]["step"] != step:
-        history.append({"step": step, "loss": round(float(loss.detach()), 5), "seconds": round(time.monotonic() - started, 1),
-                        **{k: round(v, 4) for k, v in measure().items()}})
+        history.append(measure(step, loss))  # the budget ended it between two measurements
     if step < s.steps:
         log.warning("vision pretraining stopped at step %d of %d: train.vision_pretrain.max_minutes (%s) reached",
                     step, s.steps, s.max_minutes)
@@ -188,8 +183,10 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path) -> Path:
 
 
 def _saved_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype the base's weights were saved in (config.json; float32 when it does not say)."""
     from vlrl.models.loading import read_model_config
 
     config = read_model_config(model_dir)
-    name = config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype") or "float32"
-    return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.float32
+    name = config.get("dtype") or config.get("torch_dtype") or config.get("text_config", {}).get("dtype")
+    dtype = getattr(torch, str(name), None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
