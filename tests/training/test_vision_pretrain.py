@@ -66,6 +66,14 @@ def test_pretrain_vision_trains_the_tower_only_and_writes_a_new_base(ci_config, 
 
     load_policy_model(out)  # a loadable base for SFT and GRPO
 
+    from vlrl.tracking.lineage import model_lineage
+
+    # A run on the new base records where its tower's training came from.
+    lineage = model_lineage(ci_config(f"model.path={out}"))
+    assert lineage["fingerprint"] == model_fingerprint(out)
+    assert lineage["vision_pretrain_record"]["base_fingerprint"] == model_fingerprint(ci_model_dir)
+    assert lineage["vision_pretrain_record"]["steps"] == 40 and "sft_record" not in lineage
+
 
 def test_pretrain_vision_refuses_images_that_are_not_one_token_per_square(ci_config, tmp_path):
     from vlrl.training.vision_pretrain import pretrain_vision

@@ -59,6 +59,12 @@ def _run_tree(node: Tree, chain: dict[str, Any]) -> None:
     m = r.add(f"[bold]model[/] {model.get('path')} {_short(model.get('fingerprint'))}")
     if model.get("sft_record"):
         m.add(f"full SFT of {model['sft_record'].get('trained_from')} ({_short(model['sft_record'].get('base_fingerprint'))})")
+    if model.get("vision_pretrain_record"):
+        vp = model["vision_pretrain_record"]
+        seen = vp.get("final", {}).get("agent_exact")
+        m.add(f"vision tower pretrained on square labels ({vp.get('steps')} steps"
+              + (f", holdout agent squares {seen:.1%} exact" if seen is not None else "")
+              + f") from {vp.get('trained_from')} ({_short(vp.get('base_fingerprint'))})")
     init = model.get("init_adapter")
     if init:
         i = m.add(f"[bold]started from adapter[/] {init.get('path')} {_short(init.get('fingerprint'))}")

@@ -232,16 +232,17 @@ def adapter_info(adapter_dir: str | Path) -> dict[str, Any]:
 
 
 def model_lineage(config: RunConfig, init_adapter: str | None = None) -> dict[str, Any]:
-    """Base model path and fingerprint; what it was trained from (full SFT); the starting adapter."""
+    """Base model path and fingerprint; what it was trained from (full SFT, vision pretraining); the starting adapter."""
     from vlrl.models.fingerprint import model_fingerprint
 
     path = Path(config.model.path).expanduser().resolve()
     model: dict[str, Any] = {"path": str(path), "init_tiny": config.model.init_tiny, "dtype": config.model.dtype}
     if path.is_dir():
         model["fingerprint"] = model_fingerprint(path)
-        sft_record = path / "vlrl_sft.json"
-        if sft_record.is_file():
-            model["sft_record"] = json.loads(sft_record.read_text())
+        # How the base was made, when vlrl made it: full SFT, perception pretraining of the tower.
+        for key, name in (("sft_record", "vlrl_sft.json"), ("vision_pretrain_record", "vlrl_vision_pretrain.json")):
+            if (path / name).is_file():
+                model[key] = json.loads((path / name).read_text())
         own = read_adapter_lineage(path)
         if own is not None:
             model["run_dir"] = own.get("run", {}).get("dir")
