@@ -87,7 +87,7 @@ sft)
   SFT_FROM=("${SFT_SET[@]}" train.sft.max_minutes=$SFT_MIN)
   if [ "$VISION_MIN" != 0 ]; then
     stamp "vision pretraining: the tower learns to see every block ($VISION_MIN min)"
-    $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model
+    $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model --overwrite
     echo "pretrain-vision exit $?"
     cp $WORK/seeing-model/vision_pretrain_history.json "$OUT/" 2>/dev/null
     $PY -c "import json,sys; [print(' ', json.dumps(r)) for r in json.load(open(sys.argv[1]))]" $WORK/seeing-model/vision_pretrain_history.json

@@ -23,21 +23,14 @@ import numpy as np
 import torch
 
 from vlrl.config import load_config
-from vlrl.envs.base import build_split, make_env
-from vlrl.envs.maze.maze import MOVES
+from vlrl.training.vision_pretrain import _OPEN, perception_examples
 
 
 def look_data(size: int, split: str, n: int, cell_px: int):
-    """Images of `n` maze_look tasks and their labels [n, 4]: 1 where the move is open."""
-    config = load_config(None, ["env.name=maze_look", "env.layout=blocks", f"env.sizes=[{size}]", "env.placement=random",
-                                f"env.cell_px={cell_px}"])
-    images, labels = [], []
-    for task in list(build_split(config.env, split))[:n]:
-        env = make_env(config.env)
-        obs = env.reset(task)
-        images.append(obs.images[0])
-        labels.append([float(m in env.open_moves()) for m in MOVES])
-    return images, torch.tensor(labels)
+    """Images of `n` maze_look tasks and their labels [n, 4]: 1 where the move is open (the agent's square_labels)."""
+    config = load_config(None, ["env.layout=blocks", f"env.sizes=[{size}]", f"env.cell_px={cell_px}"])
+    images, squares, agents = perception_examples(config.env, split, n)
+    return images, squares[torch.arange(len(agents)), agents][:, _OPEN]
 
 
 class VisionProbe(torch.nn.Module):

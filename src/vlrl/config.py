@@ -220,7 +220,6 @@ class SftConfig(Section):
     )
 
 
-
 class VisionPretrainConfig(Section):
     steps: int = Field(1000, ge=1, description="Optimizer steps of `vlrl model pretrain-vision` (dense perception labels on the vision tower).")
     max_minutes: float | None = Field(

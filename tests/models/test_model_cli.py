@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -44,7 +45,7 @@ def test_help_has_examples():
 
 
 def test_pretrain_vision_writes_a_new_base_and_says_how_well_it_sees(ci_model_dir, tmp_path):
-    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "seeing"
     result = runner.invoke(app, ["pretrain-vision", str(root / "configs" / "ci-tiny.yaml"), "-o", str(out),
                                  f"model.path={ci_model_dir}", "env.layout=blocks", "env.sizes=[7]", "env.cell_px=16",

@@ -68,6 +68,7 @@ def pretrain_vision(
     config: Path = typer.Argument(..., help="YAML run config: model.path (the tiny base), env (a maze env), train.vision_pretrain."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.vision_pretrain.steps=2000."),
     out: Path = typer.Option(..., "--out", "-o", help="New model directory (a new base, its own fingerprint)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files."),
 ) -> None:
     """Train a tiny model's vision tower to see every maze square (wall, agent, goal, open moves).
 
@@ -83,7 +84,7 @@ def pretrain_vision(
     _quiet_transformers()
     cfg = load_config(config, overrides or [])
     with console.status(f"Pretraining the vision tower of {cfg.model.path} ..."):
-        path = run(cfg, out)
+        path = run(cfg, out, overwrite=overwrite)
     final = json.loads((path / "vlrl_vision_pretrain.json").read_text())["final"]
     console.print(f"[green]Wrote[/green] {path} after {final['step']} steps: holdout agent square exact "
                   f"{final['agent_exact']:.1%}, free squares exact {final['free_squares_exact']:.1%}")

@@ -91,28 +91,36 @@ class _Images:
     def __init__(self, processor, images: list, squares: int, merge: int, device: torch.device):
         enc = processor.image_processor(images=images, return_tensors="pt")
         grid = enc["image_grid_thw"]
-        tokens = int(grid[0].prod()) // merge**2
-        if (grid != grid[0]).any() or tokens != squares:
+        patches = int(grid[0].prod())  # per image; all maze images of one size have the same grid
+        if (grid != grid[0]).any() or patches // merge**2 != squares:
             raise VlrlError(
-                f"vision pretraining needs one merged image token per maze square; the images give {tokens} tokens "
-                f"for {squares} squares: set env.cell_px to the model's patch size x spatial merge"
+                f"vision pretraining needs one merged image token per maze square; the images give "
+                f"{patches // merge**2} tokens for {squares} squares: set env.cell_px to the model's patch size x spatial merge"
             )
-        self.per = int(grid[0].prod())
-        self.pixels = enc["pixel_values"].to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-        self.pixels = self.pixels.view(len(images), self.per, -1)
+        pixels = enc["pixel_values"].to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        self.pixels = pixels.view(len(images), patches, -1)
         self.grid = grid.to(device)
 
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pixels[idx].flatten(0, 1), self.grid[idx]
 
 
-def pretrain_vision(config: RunConfig, out_dir: str | Path) -> Path:
-    """Train the vision tower of `config.model` on square labels (see the module docstring); write a new base."""
+def pretrain_vision(config: RunConfig, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Train the vision tower of `config.model` on square labels (see the module docstring); write a new base.
+
+    `out_dir` must be new or empty unless `overwrite`, and never the base itself: that is checked
+    before any training, so a wrong path costs nothing and replaces nothing.
+    """
     from vlrl.models.fingerprint import model_fingerprint
     from vlrl.models.loading import worker_device
 
     if not isinstance(config.env, MazeEnvConfig):
         raise VlrlError(f"vision pretraining reads maze squares; env {config.env.name!r} is not a maze env")
+    out_dir = Path(out_dir)
+    if out_dir.resolve() == Path(config.model.path).expanduser().resolve():
+        raise VlrlError(f"{out_dir} is the base model itself; write the pretrained model to a new directory")
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise VlrlError(f"{out_dir} already exists and is not empty; choose a new directory or overwrite it (--overwrite)")
     s = config.train.vision_pretrain
     model_dir, processor, model = seeded_model(config, "float32")
     visual = model.model.visual
@@ -177,7 +185,7 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path) -> Path:
     base_fingerprint = model_fingerprint(model_dir)
     record = {"steps": step, "settings": s.model_dump(), "final": history[-1],
               "env": {"sizes": config.env.sizes, "layout": config.env.layout, "cell_px": config.env.cell_px}}
-    out = save_full_model(model, Path(model_dir), out_dir, base_fingerprint, "vlrl_vision_pretrain.json", record)
+    out = save_full_model(model, model_dir, out_dir, base_fingerprint, "vlrl_vision_pretrain.json", record)
     (out / "vision_pretrain_history.json").write_text(json.dumps(history))
     return out
 
