@@ -6,6 +6,7 @@
 #   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # model, SFT (7 min), first GRPO steps
 #   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh grpo")    # GRPO, --resume auto
 #   run(carry=[".gpuwhl"], command="OUT=$OUT FINAL_GRPO_S=60 bash bench/gpu_maze9.sh final")   # last GRPO step(s), evaluation, report
+# ARMS (below) trains several GRPO variants side by side from the same SFT model; give all three calls the same ARMS.
 # With the machine's start that is ~29 of a session's 30 device minutes: send them with nothing in between.
 # The final evaluation (3 models x 500 holdout + 500 adversarial mazes) takes ~7 of its 10 minutes
 # (2026-12-01: holdout 164 s), so FINAL_GRPO_S leaves it room. OVERHEAD=1 first runs
@@ -65,15 +66,45 @@ GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
 [ -z "${SMOKE:-}" ] && GRPO_SET+=(model.dtype=bfloat16)
 # shellcheck disable=SC2206
 [ -n "${GRPO_EXTRA:-}" ] && GRPO_SET+=(${GRPO_EXTRA})
-RUN=$WORK/runs/gpu-maze9
+# ARMS: GRPO variants trained side by side on the one GPU from the same SFT model, each its own
+# process and run (runs/gpu-maze9-NAME), so an A/B costs no more device minutes than one run:
+#   ARMS="gigpo=algo.step_advantage_weight=1,model.lora.include_vision=false lm=model.lora.include_vision=false"
+# (NAME=overrides, comma-separated). The default is one arm, "grpo", with no overrides beyond GRPO_SET.
+# One small model leaves the GPU mostly idle (the rollout is host-bound), so arms share it well.
+ARMS=${ARMS:-grpo=}
+ARM_NAMES=()
+for spec in $ARMS; do ARM_NAMES+=("${spec%%=*}"); done
+arm_overrides() { local spec; for spec in $ARMS; do [ "${spec%%=*}" = "$1" ] && echo "${spec#*=}" | tr ',' ' '; done; }
+run_dir() { echo "$WORK/runs/gpu-maze9-$1"; }
+declare -A ARM_STEPS   # final: each arm's train.steps
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # several arms' caches on one GPU: less fragmentation
 
-grpo() {  # GRPO for at most $1 minutes (it checkpoints and exits 75 when the budget runs out), extra overrides after
+grpo() {  # every arm's GRPO for at most $1 minutes (each checkpoints and exits 75 when the budget runs out), extra overrides after
   local minutes=$1; shift
-  stamp "GRPO for at most $minutes min"
-  $PY -m vlrl.cli train $CFG "${GRPO_SET[@]}" train.max_minutes=$minutes "$@" --resume auto --quiet
-  local rc=$?
-  echo "train exit $rc (75: paused at a checkpoint, continues with --resume auto)"
-  cp $RUN/metrics.jsonl $RUN/evals.json $RUN/run-events.jsonl "$OUT/" 2>/dev/null
+  stamp "GRPO for at most $minutes min: ${ARM_NAMES[*]}"
+  local pids=() name watch=""
+  if command -v nvidia-smi >/dev/null; then  # what the arms together leave of the GPU, every 20 s
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 20 >> "$WORK/gpu_use-$STAGE.csv" &
+    watch=$!
+  fi
+  for name in "${ARM_NAMES[@]}"; do
+    # shellcheck disable=SC2046
+    ( $PY -m vlrl.cli train $CFG "${GRPO_SET[@]}" storage.run_name=gpu-maze9-$name $(arm_overrides "$name") \
+        ${ARM_STEPS[$name]:+train.steps=${ARM_STEPS[$name]}} train.max_minutes=$minutes "$@" --resume auto --quiet 2>&1
+      echo "train exit $? (75: paused at a checkpoint, continues with --resume auto)" ) | sed -u "s/^/[$name] /" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  [ -n "$watch" ] && kill "$watch" 2>/dev/null
+  # The device returns at most 8 files: each arm's metrics, evals and events go in one archive.
+  local files=()
+  for name in "${ARM_NAMES[@]}"; do
+    for f in metrics.jsonl evals.json run-events.jsonl; do
+      [ -f "$(run_dir "$name")/$f" ] && cp "$(run_dir "$name")/$f" "$WORK/$name-$f" && files+=("$name-$f")
+    done
+  done
+  [ -f "$WORK/gpu_use-$STAGE.csv" ] && files+=("gpu_use-$STAGE.csv")
+  [ ${#files[@]} -gt 0 ] && tar czf "$OUT/grpo-$STAGE.tgz" -C "$WORK" "${files[@]}"
   return 0
 }
 
@@ -127,8 +158,10 @@ grpo)
   grpo "$(( ($(left) - 40) / 60 ))"
   ;;
 final)
-  # Finish the run: set train.steps to where the time left for training (FINAL_GRPO_S) ends.
-  steps=$($PY - "$RUN" "${FINAL_GRPO_S:-60}" <<'PY'
+  # Finish each arm's run: its train.steps is set to where the time left for training
+  # (FINAL_GRPO_S, at that arm's median step time) ends; then the evaluation of all.
+  for name in "${ARM_NAMES[@]}"; do
+    steps=$($PY - "$(run_dir "$name")" "${FINAL_GRPO_S:-60}" <<'PY'
 import json, sys, pathlib
 run, budget = pathlib.Path(sys.argv[1]), float(sys.argv[2])
 rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
@@ -138,20 +171,28 @@ per_step = secs[len(secs) // 2] or 10.0
 print(done + max(1, int(budget // per_step)))
 PY
 )
-  stamp "GRPO to step $steps, then the final evaluation"
-  grpo 9 train.steps=$steps
+    ARM_STEPS[$name]=$steps
+    stamp "$name: GRPO to step $steps"
+  done
+  grpo 9
   # Everything of the evaluation goes to $FINAL; $OUT gets the summary files and one archive
   # (the device returns at most 8 files, two folders down).
   FINAL=$WORK/final
-  stamp "evaluation: base, SFT, GRPO on holdout and adversarial (greedy)"
+  ARM_RUNS=()
+  for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
+  stamp "evaluation: ${FINAL_MODELS:-base sft} and the arms (${ARM_NAMES[*]}) on ${FINAL_SPLITS:-holdout adversarial} (greedy)"
   $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout adversarial} \
-    --models ${FINAL_MODELS:-base sft grpo} -- "${GRPO_SET[@]}"
+    --models ${FINAL_MODELS:-base sft} "${ARM_RUNS[@]}" ${FINAL_ADV_ARMS:+--adversarial-arms $FINAL_ADV_ARMS} -- "${GRPO_SET[@]}"
   echo "eval exit $?"
   stamp "re-verifying the saved traces"
   for d in "$FINAL"/eval-*; do echo "$d"; $PY -m vlrl.cli eval-verify "$d" | tail -8; done
-  $PY -m vlrl.cli report $RUN --out "$FINAL/report.html" && echo "report written"
-  cp $RUN/metrics.jsonl $RUN/evals.json $RUN/run-events.jsonl $WORK/sft-model/sft_history.json "$FINAL/" 2>/dev/null
-  cp "$FINAL/gpu_maze9_eval.json" "$FINAL/learning_curve.png" "$FINAL/report.html" "$OUT/" 2>/dev/null
+  for name in "${ARM_NAMES[@]}"; do
+    run=$(run_dir "$name")
+    $PY -m vlrl.cli report "$run" --out "$FINAL/report-$name.html" && echo "report of $name written"
+    for f in metrics.jsonl evals.json run-events.jsonl; do cp "$run/$f" "$FINAL/$name-$f" 2>/dev/null; done
+  done
+  cp $WORK/sft-model/sft_history.json "$FINAL/" 2>/dev/null
+  cp "$FINAL/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
   tar czf "$OUT/maze9-final.tgz" -C "$FINAL" . && ls -la "$OUT"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;

@@ -1,9 +1,13 @@
-"""The final evaluation of the GPU recipe (bench/gpu_maze9.sh final): base, SFT and GRPO, greedy,
-on the holdout and adversarial splits of configs/gpu-maze9.yaml, with Wilson intervals, the
-paired test (McNemar, same mazes), turns against the oracle's optimum, invalid rate, per size,
-per adversarial variant; the learning curve with the SFT start and the base as bands.
+"""The final evaluation of the GPU recipe (bench/gpu_maze9.sh final): base, SFT and each GRPO arm,
+greedy, on the holdout and adversarial splits of configs/gpu-maze9.yaml, with Wilson intervals, the
+paired test (McNemar, same mazes: every arm against SFT and the base, and the arms against each
+other), turns against the oracle's optimum, invalid rate, per size, per adversarial variant; each
+arm's learning curve with the SFT start and the base as bands.
 
-    python bench/gpu_maze9_eval.py --config configs/gpu-maze9.yaml --work /tmp/maze9 --out OUT -- OVERRIDES...
+    python bench/gpu_maze9_eval.py --config configs/gpu-maze9.yaml --work /tmp/maze9 --out OUT \
+        --arm gigpo=/tmp/maze9/runs/gpu-maze9-gigpo [--arm ...] -- OVERRIDES...
+
+Without --arm, "grpo" is the run the config and overrides name (storage.root / storage.run_name).
 
 Writes OUT/eval-holdout/, OUT/eval-adversarial/ (summary.json + traces.jsonl per model, paired.json;
 `vlrl eval-verify` re-checks them), OUT/gpu_maze9_eval.json and OUT/learning_curve.png.
@@ -62,20 +66,25 @@ def main() -> None:
     ap.add_argument("--work", required=True, help="Where bench/gpu_maze9.sh keeps the model, the SFT model and the run.")
     ap.add_argument("--out", required=True)
     ap.add_argument("--splits", nargs="+", default=["holdout", "adversarial"], choices=["holdout", "adversarial"])
-    ap.add_argument("--models", nargs="+", default=["base", "sft", "grpo"], choices=["base", "sft", "grpo"],
-                    help="Which of the three to evaluate (a short session may leave out the base, 0%% on 2026-12-01).")
+    ap.add_argument("--models", nargs="*", default=["base", "sft"], choices=["base", "sft"],
+                    help="Which references to evaluate besides the arms (a short session may leave out the base, 0%% on 2026-12-01).")
+    ap.add_argument("--arm", action="append", default=[], metavar="LABEL=RUN_DIR",
+                    help="A GRPO run to evaluate (its adapter/ on the SFT model), repeatable.")
+    ap.add_argument("--adversarial-arms", nargs="*", default=None, metavar="LABEL",
+                    help="Only these arms on the adversarial split (default: all).")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
     console = Console(width=140)
     config = load_config(args.config, args.overrides)
-    run = Path(config.storage.root) / (config.storage.run_name or "")
-    models = [m for m in [("base", str(work / "model"), None), ("sft", str(work / "sft-model"), None),
-                          ("grpo", str(work / "sft-model"), str(run / "adapter"))] if m[0] in args.models]
-    report: dict = {"config": args.config, "overrides": args.overrides, "splits": {}}
+    arms = dict(a.split("=", 1) for a in args.arm) or {"grpo": str(Path(config.storage.root) / (config.storage.run_name or ""))}
+    references = [m for m in [("base", str(work / "model"), None), ("sft", str(work / "sft-model"), None)] if m[0] in args.models]
+    report: dict = {"config": args.config, "overrides": args.overrides, "arms": arms, "splits": {}}
     for split in args.splits:
         t0 = time.perf_counter()
         n = getattr(config.env, split).count
+        chosen = arms if split == "holdout" or args.adversarial_arms is None else {k: v for k, v in arms.items() if k in args.adversarial_arms}
+        models = references + [(label, str(work / "sft-model"), str(Path(run) / "adapter")) for label, run in chosen.items()]
         results = evaluate_models(config, models, split=split, limit=n, greedy=True, out_dir=out / f"eval-{split}")
         seconds = time.perf_counter() - t0
         console.print(results_table(results, title=f"{split}: {n} mazes, greedy ({seconds:.0f} s)"))
@@ -89,7 +98,7 @@ def main() -> None:
             "oracle": oracle,
             "summaries": {r.label: {k: v for k, v in r.summary().items() if k != "outcomes"} for r in results},
             "paired": {f"{a}_vs_{b}": pair_results(by[a], by[b]).to_json()
-                       for a, b in (("grpo", "sft"), ("sft", "base"), ("grpo", "base")) if a in by and b in by},
+                       for a, b in paired_order(list(chosen)) if a in by and b in by},
         }
         if split == "adversarial":
             entry["by_variant"] = {r.label: by_variant(r) for r in results}
@@ -97,18 +106,27 @@ def main() -> None:
                 console.print(f"[bold]{label}[/] by variant: " + "; ".join(
                     f"{k} {100 * v['success_rate']:.0f}% (n={v['n']})" for k, v in rows.items()))
         report["splits"][split] = entry
-    evals = json.loads((run / "evals.json").read_text()) if (run / "evals.json").exists() else []
     holdout = report["splits"].get("holdout", {}).get("summaries", {})
-    if evals and (run / "metrics.jsonl").exists():
-        history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        bands = {name: holdout[label] for name, label in (("base", "base"), ("SFT (start)", "sft")) if label in holdout}
-        learning_curve(history, evals, out / "learning_curve.png", baselines=bands,
-                       title="GRPO on 9x9 block mazes (maze9, one H200)")
-    report["learning_curve"] = [{"step": e["step"], "success_rate": e["success_rate"], "n": e["n"]} for e in evals]
+    bands = {name: holdout[label] for name, label in (("base", "base"), ("SFT (start)", "sft")) if label in holdout}
+    report["learning_curves"] = {}
+    for label, run in arms.items():
+        run = Path(run)
+        evals = json.loads((run / "evals.json").read_text()) if (run / "evals.json").exists() else []
+        if evals and (run / "metrics.jsonl").exists():
+            history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            learning_curve(history, evals, out / f"learning_curve-{label}.png", baselines=bands,
+                           title=f"GRPO ({label}) on 9x9 block mazes (maze9, one H200)")
+        report["learning_curves"][label] = [{"step": e["step"], "success_rate": e["success_rate"], "n": e["n"]} for e in evals]
     (out / "gpu_maze9_eval.json").write_text(json.dumps(report, indent=1))
-    vs = report["splits"].get("holdout", {}).get("paired", {}).get("grpo_vs_sft")
-    if vs:
-        console.print(f"holdout GRPO vs SFT: {json.dumps(vs)}")
+    for key, vs in report["splits"].get("holdout", {}).get("paired", {}).items():
+        console.print(f"holdout {key}: {json.dumps(vs)}")
+
+
+def paired_order(arms: list[str]) -> list[tuple[str, str]]:
+    """Which pairs get the paired test: each arm against SFT and the base, SFT against the base,
+    and the arms against each other (the A/B itself)."""
+    pairs = [(a, "sft") for a in arms] + [("sft", "base")] + [(a, "base") for a in arms]
+    return pairs + [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:]]
 
 
 if __name__ == "__main__":
