@@ -14,6 +14,7 @@ from vlrl.envs import make_env, replay_trace
 from vlrl.envs.maze.env import (
     INSTRUCTION,
     INVALID_FEEDBACK,
+    LOST_FEEDBACK,
     OUT_OF_TURNS_FEEDBACK,
     PLAN_INVALID_FEEDBACK,
     PROMPT_TEXTS,
@@ -136,6 +137,65 @@ def test_max_turns_ends_without_success():
     assert env.episode_metrics()["success"] == 0.0
     with pytest.raises(VlrlError, match="finished"):
         env.step("<action>stop</action>")
+
+
+def _slack(env) -> int:
+    """Turns left minus the turns optimal play still needs (stop included)."""
+    return env.config.max_turns - len(env.turns) - env._turns_needed()
+
+
+@pytest.mark.parametrize("stop_required", [True, False])
+def test_end_when_lost_ends_on_the_turn_the_goal_goes_out_of_reach(stop_required):
+    # Same maze and the same moves twice: with end_when_lost the episode ends on the first turn
+    # after which the goal cannot be reached in the turns left; without it, it runs to max_turns.
+    # Success is 0 both times, and every turn before the end is identical.
+    runs = {}
+    for on in (False, True):
+        env, _ = _started(size=9, seed=0, layout="blocks", max_turns=20, stop_required=stop_required, end_when_lost=on)
+        slack = [_slack(env)]
+        assert slack[0] >= 3  # winnable at the start, with room for a few moves away
+        results = []
+        while not env.done:
+            move = _away_move(env) if any(
+                (n := env.maze.move(env.pos, m)) is not None and env.dist[n[0]][n[1]] > env._distance() for m in MOVES
+            ) else _wall_move(env)
+            results.append(env.step(f"<action>{move}</action>"))
+            slack.append(_slack(env))
+        runs[on] = (env, results, slack)
+    off_env, off_results, off_slack = runs[False]
+    on_env, on_results, on_slack = runs[True]
+    assert off_env.episode_metrics()["success"] == on_env.episode_metrics()["success"] == 0.0
+    assert len(off_env.turns) == 20 and off_results[-1].info["truncated"]
+    lost_at = next(i for i, s in enumerate(off_slack[1:]) if s < 0)  # the first turn after which it is out of reach
+    assert len(on_env.turns) == lost_at + 1 < 20
+    assert on_results[-1].done and on_results[-1].info["lost"] and not on_results[-1].info["truncated"]
+    assert on_results[-1].observation is None and LOST_FEEDBACK in on_results[-1].info["feedback"]
+    assert not any(r.info["lost"] for r in on_results[:-1]) and not any(r.info["lost"] for r in off_results)
+    assert [t["position"] for t in on_env.turns] == [t["position"] for t in off_env.turns[: lost_at + 1]]
+    assert all(s >= 0 for s in on_slack[:-1]) and on_slack[-1] < 0
+
+
+def test_end_when_lost_keeps_winning_play_and_ends_an_out_of_reach_maze_at_once():
+    # The oracle within the limit wins as before; a maze that needs more turns than max_turns
+    # ends after its first turn (and replays from its trace); the spec records the rule only when on.
+    env, _ = _started(size=9, seed=0, layout="blocks", end_when_lost=True, max_turns=50)
+    while not env.step(env.oracle_response()).done:
+        pass
+    assert env.success and len(env.turns) == env.optimal_turns()
+    env, _ = _started(size=9, seed=0, layout="blocks", end_when_lost=True, max_turns=5)
+    result = env.step(env.oracle_response())
+    assert result.done and result.info["lost"] and not env.success and len(env.turns) == 1
+    trace = json.loads(json.dumps(env.trace()))
+    assert trace["settings"]["end_when_lost"] is True
+    check = replay_trace(trace)
+    assert check["matches"] and check["turns"] == 1, check["problems"]
+    forged = copy.deepcopy(trace)
+    del forged["settings"]["end_when_lost"]  # replayed without the rule, the episode would not have ended
+    assert not replay_trace(forged)["matches"]
+    assert "end_when_lost" not in _started(size=5)[0].trace()["settings"]
+    cls = type(env)
+    assert cls.reward_spec(env.config)["end_when_lost"] is True
+    assert "end_when_lost" not in cls.reward_spec(MazeEnvConfig(name="maze"))
 
 
 def test_reaching_goal_without_stop_is_not_success_when_stop_required():

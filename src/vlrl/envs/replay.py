@@ -20,15 +20,19 @@ TRACE_KEYS = ("format", "task", "settings", "turns", "success", "return")
 
 def episode_trace(env: Any, trace_format: str, content_key: str, content: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """The trace of `env`'s episode: format, env, task, its content (e.g. "maze": the maze JSON),
-    the settings that decide rewards (max_turns, stop_required, rewards), the turns, `extra`, and
+    the settings that decide rewards (max_turns, stop_required, rewards; the maze's end_when_lost
+    where on), the turns, `extra`, and
     the outcome (done, success, return)."""
     config = env.config
+    settings = {"max_turns": config.max_turns, "stop_required": config.stop_required, "rewards": config.rewards.model_dump()}
+    if getattr(config, "end_when_lost", False):  # the maze's early end; absent (off) in every older trace
+        settings["end_when_lost"] = True
     return {
         "format": trace_format,
         "env": env.name,
         "task": env.task.to_json(),
         content_key: content,
-        "settings": {"max_turns": config.max_turns, "stop_required": config.stop_required, "rewards": config.rewards.model_dump()},
+        "settings": settings,
         "turns": [dict(t) for t in env.turns],
         **extra,
         "done": env.done,
@@ -59,10 +63,12 @@ def check_trace(trace: dict[str, Any], trace_format: str, content_key: str) -> N
 
 
 def settings_config(config_class: type, name: str, settings: Any):
-    """The env config a trace's `settings` (max_turns, stop_required, rewards) describe."""
+    """The env config a trace's `settings` (max_turns, stop_required, rewards, and the maze's
+    end_when_lost where it was on) describe."""
     try:
+        extra = {"end_when_lost": settings["end_when_lost"]} if "end_when_lost" in settings else {}
         return config_class(name=name, max_turns=settings["max_turns"], stop_required=settings["stop_required"],
-                            rewards=settings["rewards"])
+                            rewards=settings["rewards"], **extra)
     except (ValidationError, KeyError, TypeError) as exc:
         raise VlrlError(f"trace settings are invalid ({str(exc).splitlines()[0]})") from None
 

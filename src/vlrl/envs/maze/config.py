@@ -66,6 +66,16 @@ class MazeEnvConfig(EnvConfigBase):
     stop_required: bool = Field(
         True, description="The episode succeeds only when the agent says `stop` on the goal (reference); False ends it on arrival."
     )
+    end_when_lost: bool = Field(
+        False,
+        description=(
+            "Multi-turn maze: end the episode, without success, on the turn after which the goal can no longer be "
+            "reached (and stopped on) in the turns left. With a success-only reward nothing the agent does after that "
+            "turn can change the return, so those turns are only rollout time and gradient noise for GRPO (24-27% of "
+            "the reference task's greedy turns: bench/RESULTS.md). Success is the same as without it; with shaping "
+            "terms (progress, bumps, invalid, step cost) the return of a lost episode leaves out the turns not played."
+        ),
+    )
     rewards: RewardConfig = Field(default_factory=RewardConfig, description="Reward terms.")
     train: MazeSplitConfig = Field(default_factory=lambda: MazeSplitConfig(seed_start=0, count=100_000), description="Training tasks.")
     holdout: MazeSplitConfig = Field(

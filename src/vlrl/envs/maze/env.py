@@ -61,6 +61,7 @@ STOP_ON_GOAL_FEEDBACK = "Stopped on the goal."
 STOP_OFF_GOAL_FEEDBACK = "Stopped, but not on the goal."
 REACHED_GOAL_FEEDBACK = "Reached the goal."
 OUT_OF_TURNS_FEEDBACK = "Out of turns."
+LOST_FEEDBACK = "The goal can no longer be reached in the turns left."
 
 PLAN_SYSTEM_PROMPT = "You are playing a maze game. You see the maze and answer with your whole path."
 PLAN_INSTRUCTION = (
@@ -82,7 +83,7 @@ LOOK_INVALID_FEEDBACK = "Invalid answer. Answer with the open moves, each once, 
 
 PROMPT_TEXTS: list[str] = [
     SYSTEM_PROMPT, INSTRUCTION, INSTRUCTION_NO_STOP, *MOVED_FEEDBACK.values(), *WALL_FEEDBACK.values(), INVALID_FEEDBACK,
-    STOP_ON_GOAL_FEEDBACK, STOP_OFF_GOAL_FEEDBACK, REACHED_GOAL_FEEDBACK, OUT_OF_TURNS_FEEDBACK,
+    STOP_ON_GOAL_FEEDBACK, STOP_OFF_GOAL_FEEDBACK, REACHED_GOAL_FEEDBACK, OUT_OF_TURNS_FEEDBACK, LOST_FEEDBACK,
     PLAN_SYSTEM_PROMPT, PLAN_INSTRUCTION, PLAN_SUCCESS_FEEDBACK, PLAN_FAIL_FEEDBACK, PLAN_INVALID_FEEDBACK,
     LOOK_SYSTEM_PROMPT, LOOK_INSTRUCTION, LOOK_RIGHT_FEEDBACK, LOOK_WRONG_FEEDBACK, LOOK_INVALID_FEEDBACK,
     *(f"<action>{a}</action>" for a in (*MOVES, "stop")),
@@ -158,8 +159,11 @@ class _MazeEpisode:
     @classmethod
     def reward_spec(cls, config: MazeEnvConfig) -> dict[str, Any]:
         """What decides rewards and success: the reward terms, `stop_required` and the turn limit."""
-        return {"rewards": config.rewards.model_dump(mode="json"), "stop_required": config.stop_required,
+        spec = {"rewards": config.rewards.model_dump(mode="json"), "stop_required": config.stop_required,
                 "max_turns": config.max_turns}
+        if config.end_when_lost:  # only when on, so the specs (and lineage hashes) of runs without it stay as they were
+            spec["end_when_lost"] = True
+        return spec
 
     @classmethod
     def adhoc_task(cls, config: MazeEnvConfig, seed: int) -> Task:
@@ -224,6 +228,10 @@ class _MazeEpisode:
         """Turns of optimal play from the start."""
         d = self.dist[self.maze.start[0]][self.maze.start[1]]
         return d + (1 if self.config.stop_required else 0)
+
+    def _turns_needed(self) -> int:
+        """Turns of optimal play from where the agent is now (`stop` included where it is required)."""
+        return self._distance() + (1 if self.config.stop_required else 0)
 
     def render_text(self) -> str:
         """The maze as text with the agent on it, for `vlrl env play` in a terminal."""
@@ -300,6 +308,10 @@ class MazeEnv(_MazeEpisode):
         if truncated:
             self.done = True
             feedback = f"{feedback} {OUT_OF_TURNS_FEEDBACK}"
+        lost = cfg.end_when_lost and not self.done and self._turns_needed() > cfg.max_turns - (len(self.turns) + 1)
+        if lost:
+            self.done = True
+            feedback = f"{feedback} {LOST_FEEDBACK}"
         reward = turn_reward(
             cfg.rewards, valid=action is not None, bumps=int(bumped),
             distance_before=before, distance_after=self._distance(), success=self.success,
@@ -312,7 +324,7 @@ class MazeEnv(_MazeEpisode):
         info = {
             "action": action, "valid": action is not None, "bumped": bumped, "success": self.success,
             "feedback": feedback, "position": list(self.pos), "distance": self._distance(),
-            "turn": len(self.turns), "truncated": truncated,
+            "turn": len(self.turns), "truncated": truncated, "lost": lost,
         }
         observation = None if self.done else Observation(self._images(), feedback)
         return StepResult(observation, reward, self.done, info)
