@@ -70,7 +70,9 @@ GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
 # process and run (runs/gpu-maze9-NAME), so an A/B costs no more device minutes than one run:
 #   ARMS="gigpo=algo.step_advantage_weight=1,model.lora.include_vision=false lm=model.lora.include_vision=false"
 # (NAME=overrides, comma-separated). The default is one arm, "grpo", with no overrides beyond GRPO_SET.
-# One small model leaves the GPU mostly idle (the rollout is host-bound), so arms share it well.
+# Measured 2026-12-02 (bench/RESULTS.md, fifth session): two arms took 71 s a step each where one
+# alone takes 33-40 s, so together they trained no faster than one after the other, and each held
+# ~49 GB: a third arm ran out of GPU memory. Arms buy a same-SFT-start comparison, not speed.
 ARMS=${ARMS:-grpo=}
 ARM_NAMES=()
 for spec in $ARMS; do ARM_NAMES+=("${spec%%=*}"); done
