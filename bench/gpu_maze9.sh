@@ -118,6 +118,8 @@ sft)
       --out "$OUT/per_image_overhead.json" | tail -8
   fi
   SFT_FROM=("${SFT_SET[@]}" train.sft.max_minutes=$SFT_MIN)
+  # The stage's models are its own: a second run on the same machine (SMOKE=1, a repeated call on a
+  # warm GPU machine) replaces them, hence --overwrite (without it they refuse an existing directory).
   if [ "$VISION_MIN" != 0 ]; then
     stamp "vision pretraining: the tower learns to see every block ($VISION_MIN min)"
     $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model --overwrite
@@ -131,7 +133,7 @@ sft)
     # The look drill first (maze_look, see docs/maze.md): the 2026-12-01 run's SFT model,
     # trained on the walk alone, never read the walls: its first move depended on the start corner only.
     stamp "look: the random maze9 model learns to name the open moves around the agent ($LOOK_MIN min)"
-    $PY -m vlrl.cli sft $CFG "${LOOK_SET[@]}" -o $WORK/look-model
+    $PY -m vlrl.cli sft $CFG "${LOOK_SET[@]}" -o $WORK/look-model --overwrite
     echo "look sft exit $?"
     cp $WORK/look-model/sft_history.json "$OUT/look_sft_history.json" 2>/dev/null
     $PY -m vlrl.cli eval -c $CFG "${LOOK_SET[@]}" model.path=$WORK/look-model model.init_tiny=null -n 500 -o $WORK/eval-look | tail -4
@@ -139,7 +141,7 @@ sft)
     SFT_FROM+=(model.path=$WORK/look-model model.init_tiny=null)
   fi
   stamp "SFT: the model behaviour-clones the oracle's walk (train.sft.max_minutes)"
-  $PY -m vlrl.cli sft $CFG "${SFT_FROM[@]}" -o $WORK/sft-model
+  $PY -m vlrl.cli sft $CFG "${SFT_FROM[@]}" -o $WORK/sft-model --overwrite
   echo "sft exit $?"
   cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
   $PY - "$WORK/sft-model/sft_history.json" <<'PY'

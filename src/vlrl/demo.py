@@ -53,8 +53,10 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
 
     with Progress(console=console) as bar:
         task = bar.add_task("SFT", total=None)
+        # The demo's directory is its own: a second `make demo` replaces the first one's warm start.
         sft_dir = run_sft(config, out / "sft-adapter",
-                          lambda s, n, loss: bar.update(task, completed=s, total=n, description=f"SFT loss {loss:.3f}"))
+                          lambda s, n, loss: bar.update(task, completed=s, total=n, description=f"SFT loss {loss:.3f}"),
+                          overwrite=True)
         sft_history = json.loads((Path(sft_dir) / "sft_history.json").read_text())
         sft_steps = len(sft_history)
         if reached_target(sft_history, config.train.sft.target_loss):  # stopped early: say so, and fill the bar

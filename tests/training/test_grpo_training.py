@@ -148,6 +148,56 @@ def test_sft_stops_at_its_target_loss(ci_config, tmp_path):
     assert len(json.loads((out / "sft_history.json").read_text())) == TARGET_WINDOW
 
 
+def _snapshot(root) -> dict:
+    """Every path under `root` (itself included) with its bytes (files) and modification time."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in [root, *sorted(root.rglob("*"))]}
+
+
+def _cli_sft(base, tmp_path, out, *args: str):
+    from vlrl.cli import app
+
+    return CliRunner().invoke(app, ["sft", "configs/ci-tiny.yaml", f"model.path={base}", f"storage.root={tmp_path / 'runs'}",
+                                    "runtime.backend=local", "-o", str(out), *args])
+
+
+def test_cli_sft_refuses_an_output_that_holds_files_or_is_the_base_and_touches_nothing(ci_model_dir, tmp_path):
+    import shutil
+
+    from vlrl.errors import VlrlError
+
+    base = tmp_path / "models" / "base"
+    shutil.copytree(ci_model_dir, base)  # a copy: a check that failed would replace it, not the session's model
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    cases = [
+        (taken, [], "already exists and is not empty; choose a new directory or overwrite it (--overwrite)"),
+        (base, ["--overwrite"], "is the base model itself"),
+        (base.parent, ["--overwrite"], "holds the base model"),
+        (taken / "notes.txt", ["--overwrite"], "is a file, not a directory"),
+        (base, ["train.sft.mode=full", "--overwrite"], "is the base model itself"),
+    ]
+    before = {d: _snapshot(d) for d in (taken, tmp_path / "models")}
+    for out, args, message in cases:
+        result = _cli_sft(base, tmp_path, out, *args)
+        assert isinstance(result.exception, VlrlError), (out, result.output)
+        assert message in str(result.exception) and "\n" not in str(result.exception), str(result.exception)
+        assert {d: _snapshot(d) for d in before} == before, out  # nothing written, removed or changed
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_sft_overwrite_replaces_an_output_that_holds_files(ci_model_dir, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    result = _cli_sft(ci_model_dir, tmp_path, taken, "train.sft.episodes=8", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert not (taken / "notes.txt").exists()
+    assert (taken / "adapter_model.safetensors").is_file() and (taken / "lineage.json").is_file()
+    assert len(json.loads((taken / "sft_history.json").read_text())) == 1
+
+
 def test_cli_train_writes_adapter_metrics_and_evaluation(ci_config, ci_model_dir, tmp_path):
     from vlrl.cli import app
 

@@ -68,7 +68,7 @@ def pretrain_vision(
     config: Path = typer.Argument(..., help="YAML run config: model.path (the tiny base), env (a maze env), train.vision_pretrain."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.vision_pretrain.steps=2000."),
     out: Path = typer.Option(..., "--out", "-o", help="New model directory (a new base, its own fingerprint)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files (never the base model)."),
 ) -> None:
     """Train a tiny model's vision tower to see every maze square (wall, agent, goal, open moves).
 

@@ -124,9 +124,15 @@ def train(
 def sft(
     config: Path = typer.Argument(..., help="YAML run config (train.sft holds the SFT settings)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.sft.episodes=256."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Adapter directory (default: RUN_DIR/sft-adapter)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o",
+        help="New directory for the adapter, or the model with train.sft.mode=full (default: RUN_DIR/sft-adapter).",
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files (never the base model)."),
 ) -> None:
     """Behaviour-clone the BFS oracle into a LoRA adapter (the SFT warm start and baseline).
+
+    OUT must be new or empty (or --overwrite), and never the base model: checked before training.
 
     Example: vlrl sft configs/demo-cpu.yaml -o runs/sft-adapter
     """
@@ -142,7 +148,7 @@ def sft(
         def progress(step: int, total: int, loss: float) -> None:
             bar.update(task, completed=step, total=total, description=f"SFT loss {loss:.3f}")
 
-        path = run_sft(cfg, target, progress)
+        path = run_sft(cfg, target, progress, overwrite=overwrite)
     console.print(f"SFT adapter written to [bold]{path}[/]")
 
 

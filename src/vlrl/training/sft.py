@@ -136,6 +136,27 @@ def reached_target(history: list[dict], target: float | None) -> bool:
     return sum(h["loss"] for h in history[-TARGET_WINDOW:]) / TARGET_WINDOW < target
 
 
+def check_output_dir(out_dir: str | Path, base_dir: str | Path, overwrite: bool = False) -> Path:
+    """Refuse, before any training, an output directory whose writing would destroy something.
+
+    SFT and vision pretraining replace their output directory as a whole when they save (an
+    adapter by `save_adapter`, a model by `save_full_model`). So `out_dir` must be new or empty
+    unless `overwrite`, and it may never be the base model `base_dir` or a directory holding it,
+    whatever `overwrite` says. Checked first, a wrong path costs no training and touches nothing.
+    """
+    out = Path(out_dir)
+    where, base = out.expanduser().resolve(), Path(base_dir).expanduser().resolve()
+    if where == base:
+        raise VlrlError(f"{out} is the base model itself; write to a new directory")
+    if where in base.parents:
+        raise VlrlError(f"{out} holds the base model {base_dir}; write to a new directory")
+    if out.exists() and not out.is_dir():
+        raise VlrlError(f"{out} is a file, not a directory; choose a new directory")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise VlrlError(f"{out} already exists and is not empty; choose a new directory or overwrite it (--overwrite)")
+    return out
+
+
 def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str,
                     record_file: str = "vlrl_sft.json", record: dict | None = None) -> Path:
     """Write a fully fine-tuned model as a new base: weights + config, the base's tokenizer and
@@ -167,11 +188,14 @@ def seeded_model(config: RunConfig, dtype: str):
     return model_dir, load_processor(model_dir), load_policy_model(model_dir, dtype=dtype)
 
 
-def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int, float], None] | None = None) -> Path:
+def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int, float], None] | None = None,
+            overwrite: bool = False) -> Path:
     """Behaviour-clone the oracle; writes a LoRA adapter (mode lora) or a whole model (mode full).
 
-    The output carries its lineage (lineage.json and vlrl_lineage.json, and an MLflow run when
-    `tracking.enabled`), so it can be registered and is refused on its own training split.
+    `out_dir` must be new or empty unless `overwrite`, and never the base model itself
+    (`check_output_dir`, before any training). The output carries its lineage (lineage.json and
+    vlrl_lineage.json, and an MLflow run when `tracking.enabled`), so it can be registered and is
+    refused on its own training split.
     """
     from vlrl.tracking.lineage import collect_lineage
     from vlrl.tracking.tracker import RunTracker
@@ -180,7 +204,7 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
     if noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
         raise VlrlError(f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
                         "(a random_response(rng) method); set train.sft.noise=0")
-    out_dir = Path(out_dir)
+    out_dir = check_output_dir(out_dir, config.model.path, overwrite)
     tracker = RunTracker.from_config(config)
     tracker.start(config, out_dir, collect_lineage(config, out_dir, kind="sft", resumed=False))
     try:

@@ -40,7 +40,7 @@ from vlrl.envs.base import build_split, make_env
 from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import SQUARE_LABELS
 from vlrl.errors import VlrlError
-from vlrl.training.sft import save_full_model, seeded_model
+from vlrl.training.sft import check_output_dir, save_full_model, seeded_model
 
 log = logging.getLogger(__name__)
 _OPEN = slice(SQUARE_LABELS.index("open_up"), len(SQUARE_LABELS))  # the four move labels, last in SQUARE_LABELS
@@ -109,18 +109,15 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path, overwrite: bool = Fa
     """Train the vision tower of `config.model` on square labels (see the module docstring); write a new base.
 
     `out_dir` must be new or empty unless `overwrite`, and never the base itself: that is checked
-    before any training, so a wrong path costs nothing and replaces nothing.
+    before any training (`check_output_dir`, shared with SFT), so a wrong path costs nothing and
+    replaces nothing.
     """
     from vlrl.models.fingerprint import model_fingerprint
     from vlrl.models.loading import worker_device
 
     if not isinstance(config.env, MazeEnvConfig):
         raise VlrlError(f"vision pretraining reads maze squares; env {config.env.name!r} is not a maze env")
-    out_dir = Path(out_dir)
-    if out_dir.resolve() == Path(config.model.path).expanduser().resolve():
-        raise VlrlError(f"{out_dir} is the base model itself; write the pretrained model to a new directory")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise VlrlError(f"{out_dir} already exists and is not empty; choose a new directory or overwrite it (--overwrite)")
+    out_dir = check_output_dir(out_dir, config.model.path, overwrite)
     s = config.train.vision_pretrain
     model_dir, processor, model = seeded_model(config, "float32")
     visual = model.model.visual
