@@ -101,6 +101,27 @@ def test_pretrain_vision_refuses_an_output_that_holds_files_or_is_the_base(ci_co
     assert model_fingerprint(ci_model_dir) == before
 
 
+def test_pretrain_vision_says_so_when_its_budget_allows_no_step(ci_config, ci_model_dir, tmp_path, monkeypatch):
+    import types
+
+    from vlrl.training import vision_pretrain
+    from vlrl.training.vision_pretrain import pretrain_vision
+
+    # A clock of this module only that moves a minute a reading: the budget (0.5 min) is spent
+    # before the first step, whatever the machine's speed; nothing else sees the fake clock.
+    ticks = iter(range(0, 10**6, 60))
+    monkeypatch.setattr(vision_pretrain, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    config = ci_config(*BLOCKS_7, "train.vision_pretrain.tasks=8", "train.vision_pretrain.eval_tasks=4",
+                       "train.vision_pretrain.max_minutes=0.5")
+    before = model_fingerprint(ci_model_dir)
+    with pytest.raises(VlrlError) as raised:
+        pretrain_vision(config, tmp_path / "seeing")
+    assert str(raised.value) == ("train.vision_pretrain.max_minutes ended vision pretraining before its first step; "
+                                 "give it more time")
+    assert not (tmp_path / "seeing").exists() and not list(tmp_path.glob(".seeing*"))  # no output, no temporary copy
+    assert model_fingerprint(ci_model_dir) == before
+
+
 def test_pretrain_vision_refuses_an_env_without_squares(ci_model_dir, tmp_path):
     from vlrl.config import load_config
     from vlrl.training.vision_pretrain import pretrain_vision
