@@ -19,13 +19,13 @@ clicks the target's row; one that does not tends to click the same row whatever 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from collections import Counter
 
 from vlrl.config import load_config
 from vlrl.envs.base import build_split
 from vlrl.envs.gui.splits import app_for_task
+from vlrl.eval.verify import read_traces
 
 CANDIDATES = {2: ("toggle", "checkbox"), 3: ("textfield",)}
 
@@ -47,14 +47,12 @@ def label_blind_chance(config_path: str, level: int, size: int, split: str) -> d
 def first_clicks(path: str) -> dict:
     """Level 2: the row (0 = top control) each episode's first click hit, and the target's row."""
     clicked, target, success = Counter(), Counter(), 0
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
-        for line in f:
-            trace = json.loads(line)
-            controls = [w["id"] for s in trace["app"]["screens"] for w in s["widgets"] if w["kind"] in CANDIDATES[2]]
-            first = trace["turns"][0]
-            clicked[str(controls.index(first["widget"])) if first["widget"] in controls else first["effect"]] += 1
-            target[str(controls.index(next(iter(trace["app"]["goal"]["set"]))))] += 1
-            success += bool(trace["success"])
+    for trace in read_traces(path):
+        controls = [w["id"] for s in trace["app"]["screens"] for w in s["widgets"] if w["kind"] in CANDIDATES[2]]
+        first = trace["turns"][0]
+        clicked[str(controls.index(first["widget"])) if first["widget"] in controls else first["effect"]] += 1
+        target[str(controls.index(next(iter(trace["app"]["goal"]["set"]))))] += 1
+        success += bool(trace["success"])
     n = sum(target.values())
     return {"traces": path, "episodes": n, "success": round(success / n, 4),
             "first_click_row": dict(sorted(clicked.items())), "target_row": dict(sorted(target.items()))}

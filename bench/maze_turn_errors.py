@@ -16,12 +16,12 @@ first table then shows one move per start, whatever the maze (2026-12-01, 9x9 on
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from collections import Counter, defaultdict
 
 from vlrl.envs.maze.maze import Maze
 from vlrl.envs.maze.oracle import distances_to
+from vlrl.eval.verify import read_traces
 
 MOVES = ("up", "down", "left", "right")
 
@@ -54,9 +54,7 @@ def winnable_turns(trace: dict) -> list[bool]:
 
 
 def summarise(path: str) -> dict:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        traces = [json.loads(line) for line in f if line.strip()]
+    traces = read_traces(path)
     kinds, first_error, first_moves = Counter(), Counter(), defaultdict(Counter)
     by_turn: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     by_turn_winnable: dict[int, list[int]] = defaultdict(lambda: [0, 0])

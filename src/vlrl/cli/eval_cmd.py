@@ -69,7 +69,7 @@ def evaluate(
 
 
 def verify(
-    path: Path = typer.Argument(..., help="A `vlrl eval --out` folder, or one traces.jsonl."),
+    path: Path = typer.Argument(..., help="A `vlrl eval --out` folder, or one traces.jsonl (gzipped ones too: traces.jsonl.gz)."),
 ) -> None:
     """Replay saved evaluation traces through the environment and re-count successes, without a model.
 

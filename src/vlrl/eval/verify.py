@@ -9,7 +9,9 @@ reader can confirm that none of the evaluated tasks was a training task.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,17 +48,38 @@ def _train_overlap(traces: list[dict[str, Any]]) -> list[str]:
     return [t.task_id for t in cls.train_overlap(cls.config_class(name=tasks[0].env), tasks)]
 
 
-def verify_traces(traces_file: str | Path) -> VerifyReport:
-    """Replay every trace of a traces.jsonl and compare with its summary.json, if any."""
+TRACE_FILES = ("traces.jsonl", "traces.jsonl.gz")  # as `vlrl eval -o` writes it, and as bench/ archives it
+
+
+def read_traces(traces_file: str | Path) -> list[dict[str, Any]]:
+    """The episode traces of a traces.jsonl, or of a gzipped one (a name ending in .gz), in file order.
+
+    Blank lines are skipped; a line that is not JSON, or a file that is missing or not gzip where
+    its name says so, is a VlrlError naming the file (and the line).
+    """
     path = Path(traces_file)
+    if not path.is_file():
+        raise VlrlError(f"{path} does not exist or is not a file; pass a traces.jsonl or traces.jsonl.gz")
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")) as f:
+            lines = f.read().splitlines()
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # BadGzipFile is an OSError, a cut-off gzip an EOFError
+        raise VlrlError(f"{path} could not be read as {'gzip' if path.name.endswith('.gz') else 'text'} ({exc})") from None
     traces = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             traces.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise VlrlError(f"{path}:{i} is not valid JSON ({exc.msg})") from None
+    return traces
+
+
+def verify_traces(traces_file: str | Path) -> VerifyReport:
+    """Replay every trace of a traces.jsonl (or .jsonl.gz) and compare with its summary.json, if any."""
+    path = Path(traces_file)
+    traces = read_traces(path)
     replays = [replay_trace(t) for t in traces]
     recorded = None
     summary_file = path.with_name("summary.json")
@@ -79,13 +102,13 @@ def verify_traces(traces_file: str | Path) -> VerifyReport:
 
 
 def verify_eval_dir(path: str | Path) -> list[VerifyReport]:
-    """Verify every traces.jsonl under `path` (a `vlrl eval --out` folder), or one traces file."""
+    """Verify every traces.jsonl (or traces.jsonl.gz) under `path` (a `vlrl eval --out` folder), or one traces file."""
     p = Path(path)
     if p.is_file():
         return [verify_traces(p)]
     if not p.is_dir():
         raise VlrlError(f"{p} does not exist; pass a `vlrl eval --out` folder or a traces.jsonl")
-    files = sorted(p.rglob("traces.jsonl"))
+    files = sorted(f for name in TRACE_FILES for f in p.rglob(name))
     if not files:
-        raise VlrlError(f"no traces.jsonl under {p}")
+        raise VlrlError(f"no traces.jsonl (or traces.jsonl.gz) under {p}")
     return [verify_traces(f) for f in files]
