@@ -173,6 +173,7 @@ def test_end_when_lost_ends_on_the_turn_the_goal_goes_out_of_reach(stop_required
     assert not any(r.info["lost"] for r in on_results[:-1]) and not any(r.info["lost"] for r in off_results)
     assert [t["position"] for t in on_env.turns] == [t["position"] for t in off_env.turns[: lost_at + 1]]
     assert all(s >= 0 for s in on_slack[:-1]) and on_slack[-1] < 0
+    assert on_env.episode_metrics()["lost"] == 1.0 and "lost" not in off_env.episode_metrics()
 
 
 def test_end_when_lost_keeps_winning_play_and_ends_an_out_of_reach_maze_at_once():
@@ -181,7 +182,7 @@ def test_end_when_lost_keeps_winning_play_and_ends_an_out_of_reach_maze_at_once(
     env, _ = _started(size=9, seed=0, layout="blocks", end_when_lost=True, max_turns=50)
     while not env.step(env.oracle_response()).done:
         pass
-    assert env.success and len(env.turns) == env.optimal_turns()
+    assert env.success and len(env.turns) == env.optimal_turns() and env.episode_metrics()["lost"] == 0.0
     env, _ = _started(size=9, seed=0, layout="blocks", end_when_lost=True, max_turns=5)
     result = env.step(env.oracle_response())
     assert result.done and result.info["lost"] and not env.success and len(env.turns) == 1

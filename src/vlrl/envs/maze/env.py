@@ -197,6 +197,7 @@ class _MazeEpisode:
         self.turns: list[dict[str, Any]] = []
         self.done = False
         self.success = False
+        self.lost = False
         self.episode_return = 0.0
         self.invalid_actions = 0
         self.wall_bumps = 0
@@ -244,8 +245,11 @@ class _MazeEpisode:
         return f"<action>{rng.choice(MOVES)}</action>"
 
     def episode_metrics(self) -> dict[str, float]:
-        """success, turns, invalid_actions, wall_bumps, optimal_turns, return, final_distance, solvable."""
+        """success, turns, invalid_actions, wall_bumps, optimal_turns, return, final_distance, solvable;
+        with env.end_when_lost also `lost` (1 where the rule ended the episode: the share of a
+        batch it cut short)."""
         self._check_started("episode_metrics")
+        lost = {"lost": float(self.lost)} if self.config.end_when_lost else {}
         return {
             "success": float(self.success),
             "turns": float(len(self.turns)),
@@ -255,6 +259,7 @@ class _MazeEpisode:
             "return": float(self.episode_return),
             "final_distance": float(self._distance()),
             "solvable": float(self.optimal_turns() <= self.config.max_turns),
+            **lost,
         }
 
     def trace(self) -> dict[str, Any]:
@@ -310,7 +315,7 @@ class MazeEnv(_MazeEpisode):
             feedback = f"{feedback} {OUT_OF_TURNS_FEEDBACK}"
         lost = cfg.end_when_lost and not self.done and self._turns_needed() > cfg.max_turns - (len(self.turns) + 1)
         if lost:
-            self.done = True
+            self.done = self.lost = True
             feedback = f"{feedback} {LOST_FEEDBACK}"
         reward = turn_reward(
             cfg.rewards, valid=action is not None, bumps=int(bumped),
