@@ -91,3 +91,8 @@ def test_build_refuses_non_empty_dir_and_bad_size(tiny_dir, tmp_path):
         build_tiny_model(tiny_dir)
     with pytest.raises(VlrlError, match="unknown tiny model size"):
         build_tiny_model(tmp_path / "x", size="huge")  # type: ignore[arg-type]
+    a_file = tmp_path / "model.txt"
+    a_file.write_text("keep me")
+    with pytest.raises(VlrlError, match="is a file, not a directory"):
+        build_tiny_model(a_file, overwrite=True)  # even with --overwrite: a file is not a model directory
+    assert a_file.read_text() == "keep me"

@@ -35,6 +35,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from vlrl.config import TinyPreset
 from vlrl.errors import VlrlError
+from vlrl.models.output import check_output_dir
 
 TinySize = TinyPreset  # the preset names live in vlrl.config, which validates model.init_tiny
 
@@ -404,12 +405,8 @@ def build_tiny_model(
     dtype = dtype or spec.dtype
     if dtype not in _SAVE_DTYPES:
         raise VlrlError(f"unknown dtype {dtype!r} for the tiny model; choose one of: {', '.join(_SAVE_DTYPES)}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise VlrlError(
-                f"{out} already exists and is not empty; choose a new directory or overwrite it (--overwrite)"
-            )
+    out = check_output_dir(out_dir, overwrite=overwrite)
+    if out.exists():
         shutil.rmtree(out)
 
     tokenizer = build_tokenizer(spec.tokenizer_vocab)

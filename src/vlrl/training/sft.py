@@ -32,6 +32,7 @@ from vlrl.config import RunConfig
 from vlrl.algo.grpo import token_logprobs
 from vlrl.envs.base import Task, build_split, env_class, make_env
 from vlrl.errors import VlrlError
+from vlrl.models.output import check_output_dir
 from vlrl.models.qwen_vl_batched import FORWARD_KEYS, spatial_merge_size, with_position_ids
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
 
@@ -134,27 +135,6 @@ def reached_target(history: list[dict], target: float | None) -> bool:
     if target is None or len(history) < TARGET_WINDOW:
         return False
     return sum(h["loss"] for h in history[-TARGET_WINDOW:]) / TARGET_WINDOW < target
-
-
-def check_output_dir(out_dir: str | Path, base_dir: str | Path, overwrite: bool = False) -> Path:
-    """Refuse, before any training, an output directory whose writing would destroy something.
-
-    SFT and vision pretraining replace their output directory as a whole when they save (an
-    adapter by `save_adapter`, a model by `save_full_model`). So `out_dir` must be new or empty
-    unless `overwrite`, and it may never be the base model `base_dir` or a directory holding it,
-    whatever `overwrite` says. Checked first, a wrong path costs no training and touches nothing.
-    """
-    out = Path(out_dir)
-    where, base = out.expanduser().resolve(), Path(base_dir).expanduser().resolve()
-    if where == base:
-        raise VlrlError(f"{out} is the base model itself; write to a new directory")
-    if where in base.parents:
-        raise VlrlError(f"{out} holds the base model {base_dir}; write to a new directory")
-    if out.exists() and not out.is_dir():
-        raise VlrlError(f"{out} is a file, not a directory; choose a new directory")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise VlrlError(f"{out} already exists and is not empty; choose a new directory or overwrite it (--overwrite)")
-    return out
 
 
 def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str,

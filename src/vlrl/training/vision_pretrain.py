@@ -40,7 +40,8 @@ from vlrl.envs.base import build_split, make_env
 from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import SQUARE_LABELS
 from vlrl.errors import VlrlError
-from vlrl.training.sft import check_output_dir, save_full_model, seeded_model
+from vlrl.models.output import check_output_dir
+from vlrl.training.sft import save_full_model, seeded_model
 
 log = logging.getLogger(__name__)
 _OPEN = slice(SQUARE_LABELS.index("open_up"), len(SQUARE_LABELS))  # the four move labels, last in SQUARE_LABELS
@@ -109,7 +110,7 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path, overwrite: bool = Fa
     """Train the vision tower of `config.model` on square labels (see the module docstring); write a new base.
 
     `out_dir` must be new or empty unless `overwrite`, and never the base itself: that is checked
-    before any training (`check_output_dir`, shared with SFT), so a wrong path costs nothing and
+    before any training (`vlrl.models.output.check_output_dir`, shared with SFT), so a wrong path costs nothing and
     replaces nothing.
     """
     from vlrl.models.fingerprint import model_fingerprint
