@@ -17,6 +17,7 @@ from vlrl.algo.grpo import (
     group_advantages,
     grpo_loss,
     informative_groups,
+    rare_best_share,
     kl_k3,
     masked_mean,
     masked_sum,
@@ -329,3 +330,11 @@ def test_token_logprobs_temperature_and_gradient() -> None:
     close(logits.grad, [[[-1 / 6, 1 / 6], [1 / 3, -1 / 3]]])
     with pytest.raises(VlrlError, match="temperature"):
         token_logprobs(logits, torch.tensor([[1, 0]]), temperature=0.0)
+
+
+def test_rare_best_share() -> None:
+    # Group 0: one win in four (rare best); 1: three wins in four; 2: no signal; 3: the best (0.9) once in three.
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.9, 0.1, 0.1, 0.1]])
+    assert rare_best_share(rewards) == pytest.approx(2 / 3)
+    assert rare_best_share(torch.tensor([[1.0, 1.0, 0.0, 0.0]])) == 0.0  # half is not fewer than half
+    assert rare_best_share(torch.ones(2, 4)) is None  # no group with signal: nothing to say

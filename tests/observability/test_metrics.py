@@ -18,7 +18,7 @@ from vlrl.runtime.update_plan import UpdateStats, combine_update_stats
 RECORD = {
     "step": 4, "reward/mean": 0.25, "reward/std": 0.4, "episode/success": 0.25, "episode/turns": 3.0,
     "episode/invalid_actions": 0.75, "episode/wall_bumps": 0.3, "episode/response_tokens": 21.0, "episode/truncated": 0.0,
-    "groups/dropped": 1.0, "train/loss": -0.01, "train/kl": 0.002, "train/entropy": 1.5, "train/clip_fraction": 0.05,
+    "groups/dropped": 1.0, "groups/rare_best": 0.5, "train/loss": -0.01, "train/kl": 0.002, "train/entropy": 1.5, "train/clip_fraction": 0.05,
     "train/grad_norm": 0.8, "train/lr": 1e-3, "rollout/logprob_diff_mean": 0.04, "rollout/logprob_diff_max": 0.2,
     "rollout/kl_sampler_trainer_k3": 0.001, "time/rollout_s": 2.0, "time/generate_s": 1.5, "time/env_s": 0.25,
     "time/update_s": 1.0, "time/logprob_s": 0.25, "time/optim_s": 0.7, "time/sync_s": 0.01, "time/step_s": 3.1,

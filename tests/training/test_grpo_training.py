@@ -86,6 +86,7 @@ def test_gigpo_gives_each_turn_its_own_advantage(ci_config, formatted_model_dir,
     # Every group's G first turns see the same observation, so at least one turn per episode is
     # anchored: the share is at least episodes / turns = 1 / mean turns (more when later turns meet).
     anchored, mean_turns = m.values["advantage/anchored_turns"], m.values["episode/turns"]
+    assert 0.0 <= m.values.get("groups/rare_best", 0.0) <= 1.0
     assert mean_turns > 1 and anchored >= 1 / mean_turns - 1e-9, (anchored, mean_turns)
     a, b = adapters[0.0], adapters[1.0]
     assert any(not torch.equal(a[k], b[k]) for k in a)

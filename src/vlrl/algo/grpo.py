@@ -73,6 +73,23 @@ def informative_groups(rewards: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
     return spread > tol
 
 
+def rare_best_share(rewards: torch.Tensor) -> float | None:
+    """Of the groups with signal (rewards not all equal), the share whose best reward fewer than
+    half of the episodes reached; None when no group has signal.
+
+    It tells where a step's signal comes from. With a success reward, a group where most episodes
+    lost and a few won is exploration finding what the policy mostly misses; one where most won and
+    a few lost is mostly the policy's own random mistakes, which a near-deterministic policy's
+    greedy choice does not make (bench/RESULTS.md, the reference task's seventh session).
+    """
+    grouped = _as_groups(rewards, None).float()
+    signal = informative_groups(grouped)
+    if not bool(signal.any()):
+        return None
+    best = grouped[signal] == grouped[signal].max(dim=1, keepdim=True).values
+    return float((best.float().mean(dim=1) < 0.5).float().mean())
+
+
 def _as_groups(rewards: torch.Tensor, group_size: int | None) -> torch.Tensor:
     if not rewards.is_floating_point():
         rewards = rewards.to(torch.float32)

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-from vlrl.algo.grpo import combine_advantages, discounted_returns, group_advantages, informative_groups, step_advantages
+from vlrl.algo.grpo import combine_advantages, discounted_returns, group_advantages, informative_groups, rare_best_share, step_advantages
 from vlrl.config import RunConfig, config_to_yaml
 from vlrl.envs.base import build_split
 from vlrl.errors import TimeLimitReached, WorkerDiedError
@@ -173,6 +173,8 @@ class GRPOTrainer(RecoveryMixin):
         values: dict[str, float] = {"time/rollout_s": t_rollout, "time/generate_s": stats.generate_s, "time/env_s": stats.env_s}
         values.update(episode_metrics(episodes))
         values["groups/dropped"] = float(dropped)
+        if (share := rare_best_share(rewards) if episodes else None) is not None:
+            values["groups/rare_best"] = share
         if episodes:
             scale = "std" if c.algo.advantage == "grpo" else "none"
             adv = group_advantages(rewards, scale=scale).flatten().tolist()
