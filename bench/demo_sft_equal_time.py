@@ -29,7 +29,6 @@ from vlrl.config import load_config
 from vlrl.demo import run_demo
 from vlrl.eval.evaluate import pair_results, paired_table, results_table
 from vlrl.eval.protocol import evaluate_models
-from vlrl.models.loading import ensure_model
 from vlrl.training.sft import run_sft
 
 
@@ -56,8 +55,7 @@ def main() -> None:
     long_cfg = config.model_copy(deep=True)
     sft = long_cfg.train.sft
     sft.target_loss, sft.max_minutes, sft.lr_schedule = None, budget_s / 60, args.schedule
-    sft.episodes, sft.epochs = 60_000, 1  # 1,875 steps of 32: more than ~460 s allows on 2 cores
-    ensure_model(long_cfg.model)
+    sft.episodes, sft.epochs = 60_000, 1  # 1,875 steps of 32; 2026-12-03's 744-763 s budgets ran ~1,000
     t0 = time.perf_counter()
     long_dir = run_sft(long_cfg, args.out / "sft-long", overwrite=True)
     long_s = round(time.perf_counter() - t0, 1)

@@ -82,11 +82,11 @@ def rare_best_share(rewards: torch.Tensor) -> float | None:
     a few lost is mostly the policy's own random mistakes, which a near-deterministic policy's
     greedy choice does not make (bench/RESULTS.md, the reference task's seventh session).
     """
-    grouped = _as_groups(rewards, None).float()
-    signal = informative_groups(grouped)
-    if not bool(signal.any()):
+    grouped = _as_groups(rewards, None)
+    with_signal = grouped[informative_groups(grouped)]
+    if len(with_signal) == 0:
         return None
-    best = grouped[signal] == grouped[signal].max(dim=1, keepdim=True).values
+    best = with_signal == with_signal.max(dim=1, keepdim=True).values
     return float((best.float().mean(dim=1) < 0.5).float().mean())
 
 

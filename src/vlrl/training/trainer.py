@@ -173,9 +173,9 @@ class GRPOTrainer(RecoveryMixin):
         values: dict[str, float] = {"time/rollout_s": t_rollout, "time/generate_s": stats.generate_s, "time/env_s": stats.env_s}
         values.update(episode_metrics(episodes))
         values["groups/dropped"] = float(dropped)
-        if (share := rare_best_share(rewards) if episodes else None) is not None:
-            values["groups/rare_best"] = share
         if episodes:
+            if (share := rare_best_share(rewards)) is not None:
+                values["groups/rare_best"] = share
             scale = "std" if c.algo.advantage == "grpo" else "none"
             adv = group_advantages(rewards, scale=scale).flatten().tolist()
             if c.algo.step_advantage_weight > 0:
