@@ -65,9 +65,13 @@ def test_grpo_increases_a_trivially_learnable_reward(ci_config, formatted_model_
     )
     trainer = GRPOTrainer(cfg, tmp_path / "learn")
     trainer.setup()
-    rewards = [trainer.step().values["reward/mean"] for _ in range(cfg.train.steps)]
+    steps = [trainer.step().values for _ in range(cfg.train.steps)]
+    rewards = [v["reward/mean"] for v in steps]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.25, rewards
+    # A learnable reward gives groups with signal, and each such step says where it came from.
+    shares = [v["groups/rare_best"] for v in steps if "groups/rare_best" in v]
+    assert shares and all(0.0 <= x <= 1.0 for x in shares), steps
 
 
 def test_gigpo_gives_each_turn_its_own_advantage(ci_config, formatted_model_dir, tmp_path):
