@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both set up .venv first.
-.PHONY: demo test test-main test-vllm venv system clean
+.PHONY: demo test test-main test-vllm lint venv system clean
 
 venv:
 	@bash scripts/setup-venv.sh
@@ -15,7 +15,12 @@ demo: venv
 # which holds the CPU build of vLLM; see scripts/test-vllm.sh.
 test: test-main test-vllm
 
-test-main: venv system
+# The formatter and the linter (ruff, configured in pyproject.toml): the tree must be clean under both.
+lint: venv
+	.venv/bin/ruff format --check .
+	.venv/bin/ruff check .
+
+test-main: venv system lint
 	.venv/bin/python -m pytest -q -m "not vllm"
 
 test-vllm:
