@@ -37,8 +37,12 @@ def main() -> None:
     ap.add_argument("--config", default="configs/demo-cpu.yaml")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--demo-out", type=Path, help="a `vlrl demo` output to reuse (default: OUT/demo, run here)")
-    ap.add_argument("--schedule", default="cosine", choices=["constant", "cosine", "linear"],
-                    help="SFT-long's learning-rate schedule over its time budget")
+    ap.add_argument(
+        "--schedule",
+        default="cosine",
+        choices=["constant", "cosine", "linear"],
+        help="SFT-long's learning-rate schedule over its time budget",
+    )
     ap.add_argument("overrides", nargs="*", help="dotted overrides for both arms, e.g. train.seed=1")
     args = ap.parse_args()
     console = Console()
@@ -63,17 +67,26 @@ def main() -> None:
 
     sft_dir, grpo_dir = demo_out / "sft-adapter", demo_out / "grpo" / "adapter"
     models = [("sft", str(sft_dir), None), ("grpo", str(sft_dir), str(grpo_dir)), ("sft-long", str(long_dir), None)]
-    results = evaluate_models(config, models, split="holdout", limit=config.env.holdout.count, greedy=True,
-                              out_dir=args.out / "eval")
+    results = evaluate_models(
+        config, models, split="holdout", limit=config.env.holdout.count, greedy=True, out_dir=args.out / "eval"
+    )
     console.print(results_table(results, title="holdout, greedy"))
     console.print(paired_table(results, title="paired on the same mazes"))
     by = {r.label: r for r in results}
-    pairs = {f"{a}_vs_{b}": pair_results(by[a], by[b]).to_json()
-             for a, b in (("grpo", "sft"), ("sft-long", "sft"), ("grpo", "sft-long"))}
+    pairs = {
+        f"{a}_vs_{b}": pair_results(by[a], by[b]).to_json()
+        for a, b in (("grpo", "sft"), ("sft-long", "sft"), ("grpo", "sft-long"))
+    }
     report = {
-        "config": args.config, "overrides": args.overrides,
+        "config": args.config,
+        "overrides": args.overrides,
         "demo": {"out": str(demo_out), "phase_s": demo["phase_s"], "sft_steps": demo["sft_steps"]},
-        "sft_long": {"budget_s": round(budget_s, 1), "wall_s": long_s, "steps": long_steps, "lr_schedule": args.schedule},
+        "sft_long": {
+            "budget_s": round(budget_s, 1),
+            "wall_s": long_s,
+            "steps": long_steps,
+            "lr_schedule": args.schedule,
+        },
         "summaries": {r.label: r.summary() for r in results},
         "paired": pairs,
     }

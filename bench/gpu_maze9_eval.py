@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from vlrl.config import load_config
-from vlrl.eval.evaluate import group_table, paired_table, pair_results, results_table
+from vlrl.eval.evaluate import group_table, pair_results, paired_table, results_table
 from vlrl.eval.protocol import evaluate_models
 from vlrl.eval.stats import Proportion
 from vlrl.report.plots import learning_curve
@@ -35,7 +35,9 @@ def by_variant(result) -> dict[str, dict]:
     groups: dict[str, list[bool]] = defaultdict(list)
     for trace, episode in zip(result.traces, result.episodes):
         params = trace.get("task", {}).get("params", {})
-        groups[f"{params.get('variant', 'none')} {params.get('size')}x{params.get('size')}"].append(episode["success"] > 0)
+        groups[f"{params.get('variant', 'none')} {params.get('size')}x{params.get('size')}"].append(
+            episode["success"] > 0
+        )
     out = {}
     for key in sorted(groups):
         p = Proportion(sum(groups[key]), len(groups[key]))
@@ -53,7 +55,7 @@ def oracle_success(config, split: str, n: int) -> dict:
     for task in tasks:
         env = make_env(config.env)
         env.reset(task)
-        while not (result := env.step(env.oracle_response())).done:
+        while not env.step(env.oracle_response()).done:
             pass
         won += env.episode_metrics()["success"] > 0
     p = Proportion(won, len(tasks))
@@ -63,28 +65,57 @@ def oracle_success(config, split: str, n: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
-    ap.add_argument("--work", required=True, help="Where bench/gpu_maze9.sh keeps the model, the SFT model and the run.")
+    ap.add_argument(
+        "--work", required=True, help="Where bench/gpu_maze9.sh keeps the model, the SFT model and the run."
+    )
     ap.add_argument("--out", required=True)
     ap.add_argument("--splits", nargs="+", default=["holdout", "adversarial"], choices=["holdout", "adversarial"])
-    ap.add_argument("--models", nargs="*", default=["base", "sft"], choices=["base", "sft"],
-                    help="Which references to evaluate besides the arms (a short session may leave out the base, 0%% on 2026-12-01).")
-    ap.add_argument("--arm", action="append", default=[], metavar="LABEL=RUN_DIR",
-                    help="A GRPO run to evaluate (its adapter/ on the SFT model), repeatable.")
-    ap.add_argument("--adversarial-arms", nargs="*", default=None, metavar="LABEL",
-                    help="Only these arms on the adversarial split (default: all).")
+    ap.add_argument(
+        "--models",
+        nargs="*",
+        default=["base", "sft"],
+        choices=["base", "sft"],
+        help=(
+            "Which references to evaluate besides the arms (a short session may leave out the base, 0%% on 2026-12-01)."
+        ),
+    )
+    ap.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LABEL=RUN_DIR",
+        help="A GRPO run to evaluate (its adapter/ on the SFT model), repeatable.",
+    )
+    ap.add_argument(
+        "--adversarial-arms",
+        nargs="*",
+        default=None,
+        metavar="LABEL",
+        help="Only these arms on the adversarial split (default: all).",
+    )
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
     console = Console(width=140)
     config = load_config(args.config, args.overrides)
-    arms = dict(a.split("=", 1) for a in args.arm) or {"grpo": str(Path(config.storage.root) / (config.storage.run_name or ""))}
-    references = [m for m in [("base", str(work / "model"), None), ("sft", str(work / "sft-model"), None)] if m[0] in args.models]
+    arms = dict(a.split("=", 1) for a in args.arm) or {
+        "grpo": str(Path(config.storage.root) / (config.storage.run_name or ""))
+    }
+    references = [
+        m for m in [("base", str(work / "model"), None), ("sft", str(work / "sft-model"), None)] if m[0] in args.models
+    ]
     report: dict = {"config": args.config, "overrides": args.overrides, "arms": arms, "splits": {}}
     for split in args.splits:
         t0 = time.perf_counter()
         n = getattr(config.env, split).count
-        chosen = arms if split == "holdout" or args.adversarial_arms is None else {k: v for k, v in arms.items() if k in args.adversarial_arms}
-        models = references + [(label, str(work / "sft-model"), str(Path(run) / "adapter")) for label, run in chosen.items()]
+        chosen = (
+            arms
+            if split == "holdout" or args.adversarial_arms is None
+            else {k: v for k, v in arms.items() if k in args.adversarial_arms}
+        )
+        models = references + [
+            (label, str(work / "sft-model"), str(Path(run) / "adapter")) for label, run in chosen.items()
+        ]
         results = evaluate_models(config, models, split=split, limit=n, greedy=True, out_dir=out / f"eval-{split}")
         seconds = time.perf_counter() - t0
         console.print(results_table(results, title=f"{split}: {n} mazes, greedy ({seconds:.0f} s)"))
@@ -97,14 +128,19 @@ def main() -> None:
             "seconds": round(seconds, 1),
             "oracle": oracle,
             "summaries": {r.label: {k: v for k, v in r.summary().items() if k != "outcomes"} for r in results},
-            "paired": {f"{a}_vs_{b}": pair_results(by[a], by[b]).to_json()
-                       for a, b in paired_order(list(chosen)) if a in by and b in by},
+            "paired": {
+                f"{a}_vs_{b}": pair_results(by[a], by[b]).to_json()
+                for a, b in paired_order(list(chosen))
+                if a in by and b in by
+            },
         }
         if split == "adversarial":
             entry["by_variant"] = {r.label: by_variant(r) for r in results}
             for label, rows in entry["by_variant"].items():
-                console.print(f"[bold]{label}[/] by variant: " + "; ".join(
-                    f"{k} {100 * v['success_rate']:.0f}% (n={v['n']})" for k, v in rows.items()))
+                console.print(
+                    f"[bold]{label}[/] by variant: "
+                    + "; ".join(f"{k} {100 * v['success_rate']:.0f}% (n={v['n']})" for k, v in rows.items())
+                )
         report["splits"][split] = entry
     holdout = report["splits"].get("holdout", {}).get("summaries", {})
     bands = {name: holdout[label] for name, label in (("base", "base"), ("SFT (start)", "sft")) if label in holdout}
@@ -114,9 +150,16 @@ def main() -> None:
         evals = json.loads((run / "evals.json").read_text()) if (run / "evals.json").exists() else []
         if evals and (run / "metrics.jsonl").exists():
             history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-            learning_curve(history, evals, out / f"learning_curve-{label}.png", baselines=bands,
-                           title=f"GRPO ({label}) on 9x9 block mazes (maze9, one H200)")
-        report["learning_curves"][label] = [{"step": e["step"], "success_rate": e["success_rate"], "n": e["n"]} for e in evals]
+            learning_curve(
+                history,
+                evals,
+                out / f"learning_curve-{label}.png",
+                baselines=bands,
+                title=f"GRPO ({label}) on 9x9 block mazes (maze9, one H200)",
+            )
+        report["learning_curves"][label] = [
+            {"step": e["step"], "success_rate": e["success_rate"], "n": e["n"]} for e in evals
+        ]
     (out / "gpu_maze9_eval.json").write_text(json.dumps(report, indent=1))
     for key, vs in report["splits"].get("holdout", {}).get("paired", {}).items():
         console.print(f"holdout {key}: {json.dumps(vs)}")
@@ -126,7 +169,7 @@ def paired_order(arms: list[str]) -> list[tuple[str, str]]:
     """Which pairs get the paired test: each arm against SFT and the base, SFT against the base,
     and the arms against each other (the A/B itself)."""
     pairs = [(a, "sft") for a in arms] + [("sft", "base")] + [(a, "base") for a in arms]
-    return pairs + [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:]]
+    return pairs + [(a, b) for i, a in enumerate(arms) for b in arms[i + 1 :]]
 
 
 if __name__ == "__main__":

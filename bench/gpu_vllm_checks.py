@@ -47,13 +47,20 @@ def gap_stats(worker, prompts, completions) -> dict[str, float]:
             comps.append(comp)
     with torch.no_grad():
         scored = worker.policy.score_no_grad(seqs)
-    gap = torch.cat([(lp[-len(c.token_ids):].float() - torch.tensor(c.logprobs)).abs() for lp, c in zip(scored, comps)])
+    gap = torch.cat(
+        [(lp[-len(c.token_ids) :].float() - torch.tensor(c.logprobs)).abs() for lp, c in zip(scored, comps)]
+    )
     from vlrl.rollout.engine import SamplingParams
 
     hf = worker.engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=len(comps[0].token_ids)))
     same = sum(h[0].token_ids == v[0].token_ids for h, v in zip(hf, completions))
-    return {"gap_mean": float(gap.mean()), "gap_max": float(gap.max()), "tokens": int(gap.numel()),
-            "identical_greedy_answers": same, "answers": len(prompts)}
+    return {
+        "gap_mean": float(gap.mean()),
+        "gap_max": float(gap.max()),
+        "tokens": int(gap.numel()),
+        "identical_greedy_answers": same,
+        "answers": len(prompts),
+    }
 
 
 def set_lora_b(worker, seed: int, scale: float, vision_only: bool = False, value: float | None = None) -> None:
@@ -73,7 +80,12 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-gap", type=float, default=0.25, help="asserted bound on max |log-prob gap| (bf16)")
-    p.add_argument("--min-identical", type=float, default=0.6, help="asserted share of identical greedy answers (bf16; 12 of 16 seen on an H200)")
+    p.add_argument(
+        "--min-identical",
+        type=float,
+        default=0.6,
+        help="asserted share of identical greedy answers (bf16; 12 of 16 seen on an H200)",
+    )
     p.add_argument("--memory-share", type=float, default=0.2)
     args = p.parse_args()
 
@@ -88,8 +100,11 @@ def main() -> int:
         from vlrl.models.tiny import build_tiny_model
 
         build_tiny_model(args.model_dir, size="ci", seed=0)
-    results: dict = {"model_dir": args.model_dir, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                     "checks": {}}
+    results: dict = {
+        "model_dir": args.model_dir,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "checks": {},
+    }
     failures: list[str] = []
 
     def check(name: str, ok: bool, **figures) -> None:
@@ -100,21 +115,42 @@ def main() -> int:
 
     gpu = torch.cuda.is_available()  # without one: a CPU smoke run of the script itself (fp32, no sleep)
     dtype = "bfloat16" if gpu else "float32"
-    cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", [
-        f"model.path={args.model_dir}", "runtime.backend=local", f"runtime.use_gpu={str(gpu).lower()}", f"model.dtype={dtype}",
-        "rollout.engine=transformers", "model.lora.include_vision=true", "rollout.max_model_len=2048",
-    ])
+    cfg = load_config(
+        ROOT / "configs" / "ci-tiny.yaml",
+        [
+            f"model.path={args.model_dir}",
+            "runtime.backend=local",
+            f"runtime.use_gpu={str(gpu).lower()}",
+            f"model.dtype={dtype}",
+            "rollout.engine=transformers",
+            "model.lora.include_vision=true",
+            "rollout.max_model_len=2048",
+        ],
+    )
     worker = Worker(cfg, total_optimizer_steps=4)
     t0 = time.perf_counter()
     free = (lambda: torch.cuda.mem_get_info()[0]) if gpu else (lambda: 0)
     free0 = free()
     engine = VLLMEngine(
-        args.model_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
-        lora_config=vllm_lora_config(worker.model), dtype=dtype, max_model_len=2048, kv_cache_memory_mb=64,
-        max_images=cfg.env.max_turns, max_num_seqs=64, gpu_memory_utilization=args.memory_share, use_gpu=gpu, seed=0,
+        args.model_dir,
+        worker.processor.tokenizer,
+        worker.suppress,
+        eos_token_id=worker.chat.eos_id,
+        lora_config=vllm_lora_config(worker.model),
+        dtype=dtype,
+        max_model_len=2048,
+        kv_cache_memory_mb=64,
+        max_images=cfg.env.max_turns,
+        max_num_seqs=64,
+        gpu_memory_utilization=args.memory_share,
+        use_gpu=gpu,
+        seed=0,
     )
-    results["engine"] = {"startup_s": time.perf_counter() - t0, "transport": engine.adapter_transport,
-                         "vllm_gib": (free0 - free()) / GIB}
+    results["engine"] = {
+        "startup_s": time.perf_counter() - t0,
+        "transport": engine.adapter_transport,
+        "vllm_gib": (free0 - free()) / GIB,
+    }
     import vllm
 
     results["vllm_version"] = vllm.__version__
@@ -130,7 +166,11 @@ def main() -> int:
     engine.update_adapter(worker.adapter_state(), 1)
     with_vision = engine.generate(prompts, greedy)
     stats = gap_stats(worker, prompts, with_vision)
-    check("image_prompts_parity", stats["gap_max"] < args.max_gap and stats["identical_greedy_answers"] >= args.min_identical * stats["answers"], **stats)
+    check(
+        "image_prompts_parity",
+        stats["gap_max"] < args.max_gap and stats["identical_greedy_answers"] >= args.min_identical * stats["answers"],
+        **stats,
+    )
     set_lora_b(worker, seed=0, scale=0.0, vision_only=True, value=0.0)
     engine.update_adapter(worker.adapter_state(), 2)
     without = engine.generate(prompts, greedy)
@@ -138,8 +178,13 @@ def main() -> int:
     moved = max(abs(a - b) for p, q in zip(with_vision, without) for a, b in zip(p[0].logprobs, q[0].logprobs))
     tokens_changed = sum(p[0].token_ids != q[0].token_ids for p, q in zip(with_vision, without))
     results["engine"]["vision_load"] = engine.vision_load
-    check("vision_lora_served", stats_nv["gap_max"] < args.max_gap and (moved > stats["gap_max"] or tokens_changed > 0),
-          logprob_moved_max=moved, answers_changed=tokens_changed, parity_without_vision=stats_nv)
+    check(
+        "vision_lora_served",
+        stats_nv["gap_max"] < args.max_gap and (moved > stats["gap_max"] or tokens_changed > 0),
+        logprob_moved_max=moved,
+        answers_changed=tokens_changed,
+        parity_without_vision=stats_nv,
+    )
 
     # 2: whole multi-turn episodes, greedy
     set_lora_b(worker, seed=2, scale=0.3)
@@ -154,20 +199,38 @@ def main() -> int:
         mask = torch.tensor(seq.loss_mask[1:], dtype=torch.bool)
         gaps.append((lp[mask].float() - torch.tensor(seq.logprobs[1:])[mask]).abs())
     gap = torch.cat(gaps)
-    check("multi_turn_parity", float(gap.max()) < args.max_gap, gap_mean=float(gap.mean()), gap_max=float(gap.max()),
-          images_per_episode_max=max(len(s.images) for s in seqs), tokens=int(gap.numel()))
+    check(
+        "multi_turn_parity",
+        float(gap.max()) < args.max_gap,
+        gap_mean=float(gap.mean()),
+        gap_max=float(gap.max()),
+        images_per_episode_max=max(len(s.images) for s in seqs),
+        tokens=int(gap.numel()),
+    )
 
     # 4: a real optimizer step on vLLM-sampled episodes
     before = engine.generate(prompts[:4], greedy)
-    sampled = run_episodes(engine, worker.chat, cfg.env.model_copy(update={"max_turns": 2}), [split[0], split[1]], 4,
-                           worker.sampling_params(seed=5), cfg.rollout.max_model_len)
+    sampled = run_episodes(
+        engine,
+        worker.chat,
+        cfg.env.model_copy(update={"max_turns": 2}),
+        [split[0], split[1]],
+        4,
+        worker.sampling_params(seed=5),
+        cfg.rollout.max_model_len,
+    )
     worker.update(sampled, [1.0 if i % 2 else -1.0 for i in range(len(sampled))], seed=0)
     sync_s = engine.update_adapter(worker.adapter_state(), 4)
     after = engine.generate(prompts[:4], greedy)
     stats_after = gap_stats(worker, prompts[:4], after)
     changed = max(abs(a - b) for p, q in zip(before, after) for a, b in zip(p[0].logprobs, q[0].logprobs))
-    check("serves_updated_adapter", stats_after["gap_max"] < args.max_gap and changed > stats_after["gap_max"],
-          changed=changed, sync_s=sync_s, **stats_after)
+    check(
+        "serves_updated_adapter",
+        stats_after["gap_max"] < args.max_gap and changed > stats_after["gap_max"],
+        changed=changed,
+        sync_s=sync_s,
+        **stats_after,
+    )
 
     # 5: no stale adapter
     seen = []
@@ -180,8 +243,12 @@ def main() -> int:
     def same(a, b):
         return all(x[0] == y[0] and max(abs(u - v) for u, v in zip(x[1], y[1])) < 1e-3 for x, y in zip(a, b))
 
-    check("no_stale_adapter", same(seen[0], seen[2]) and not same(seen[0], seen[1]) and not same(seen[2], seen[3]),
-          loras_loaded=sorted(engine.llm.llm_engine.list_loras()), sync_times=engine.sync_times[-4:])
+    check(
+        "no_stale_adapter",
+        same(seen[0], seen[2]) and not same(seen[0], seen[1]) and not same(seen[2], seen[3]),
+        loras_loaded=sorted(engine.llm.llm_engine.list_loras()),
+        sync_times=engine.sync_times[-4:],
+    )
 
     # 6: sleep frees memory, wake restores it
     if not gpu:
@@ -199,9 +266,16 @@ def main() -> int:
     wake_s = time.perf_counter() - t
     free_woken = torch.cuda.mem_get_info()[0]
     again = engine.generate(prompts[:4], greedy)
-    check("sleep_wake", free_asleep - free_awake > 0.5 * results["engine"]["vllm_gib"] * GIB and same(seen[3], [(c[0].token_ids, c[0].logprobs) for c in again]),
-          freed_gib=(free_asleep - free_awake) / GIB, restored_gib=(free_asleep - free_woken) / GIB,
-          sleep_s=sleep_s, wake_s=wake_s, engine_gib=results["engine"]["vllm_gib"])
+    check(
+        "sleep_wake",
+        free_asleep - free_awake > 0.5 * results["engine"]["vllm_gib"] * GIB
+        and same(seen[3], [(c[0].token_ids, c[0].logprobs) for c in again]),
+        freed_gib=(free_asleep - free_awake) / GIB,
+        restored_gib=(free_asleep - free_woken) / GIB,
+        sleep_s=sleep_s,
+        wake_s=wake_s,
+        engine_gib=results["engine"]["vllm_gib"],
+    )
     engine.close()
     results["failures"] = failures
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -31,9 +31,10 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -113,7 +114,9 @@ def build_model(settings: BenchSettings, device: torch.device):
         model = Qwen3VLForConditionalGeneration(config)
     model = model.to(DTYPES[settings.dtype])
     pad = tokenizer.pad_token_id
-    model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=[tokenizer.eos_token_id, pad], pad_token_id=pad)
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad, eos_token_id=[tokenizer.eos_token_id, pad], pad_token_id=pad
+    )
     return model.eval(), processor
 
 
@@ -122,17 +125,32 @@ def reference_config(settings: BenchSettings):
     from vlrl.config import load_config
 
     completions = settings.prompts * settings.samples
-    return load_config(None, [
-        f"model.dtype={settings.dtype}", f"model.attn_implementation={settings.attn}",
-        f"model.lora.rank={settings.lora_rank}", f"model.lora.alpha={settings.lora_alpha}",
-        "env.name=maze_plan", f"env.sizes=[{settings.maze_size}]", f"env.cell_px={settings.cell_px}",
-        "rollout.engine=transformers", "rollout.temperature=1.0", f"rollout.max_new_tokens={settings.new_tokens}",
-        f"rollout.batch_size={completions}", "rollout.max_model_len=4096",
-        f"algo.group_size={settings.samples}", f"algo.tasks_per_step={settings.prompts}",
-        f"algo.mini_batch_size={completions}", f"algo.micro_batch_size={min(settings.micro_batch, completions)}",
-        "algo.ppo_epochs=1", "algo.kl_coef=0.0",
-        f"train.lr={settings.lr}", f"train.seed={settings.seed}", "runtime.backend=local",
-    ])
+    return load_config(
+        None,
+        [
+            f"model.dtype={settings.dtype}",
+            f"model.attn_implementation={settings.attn}",
+            f"model.lora.rank={settings.lora_rank}",
+            f"model.lora.alpha={settings.lora_alpha}",
+            "env.name=maze_plan",
+            f"env.sizes=[{settings.maze_size}]",
+            f"env.cell_px={settings.cell_px}",
+            "rollout.engine=transformers",
+            "rollout.temperature=1.0",
+            f"rollout.max_new_tokens={settings.new_tokens}",
+            f"rollout.batch_size={completions}",
+            "rollout.max_model_len=4096",
+            f"algo.group_size={settings.samples}",
+            f"algo.tasks_per_step={settings.prompts}",
+            f"algo.mini_batch_size={completions}",
+            f"algo.micro_batch_size={min(settings.micro_batch, completions)}",
+            "algo.ppo_epochs=1",
+            "algo.kl_coef=0.0",
+            f"train.lr={settings.lr}",
+            f"train.seed={settings.seed}",
+            "runtime.backend=local",
+        ],
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -199,7 +217,9 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
         settings = dataclasses.replace(settings, model=str(saved_model_dir(settings)))
     base, processor = build_model(settings, device)
     build_s = time.perf_counter() - t0
-    model = apply_lora(base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed)
+    model = apply_lora(
+        base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed
+    )
     model.to(device)
     _release(device)
     chat = ChatFormat(processor)
@@ -213,30 +233,44 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
         engine = make_vllm_engine(settings, model, processor, chat, suppress, memory_log)
     else:
         engine = TransformersEngine(
-            model, tokenizer, suppress, eos_token_id=chat.eos_id, pad_token_id=pad_id,
-            batch_size=config.rollout.batch_size, shares_policy=True,
-            fast_decode={"on": True, "off": False}.get(settings.fast_decode, "auto"), compile_decode=settings.compile_decode, ignore_eos=True,
+            model,
+            tokenizer,
+            suppress,
+            eos_token_id=chat.eos_id,
+            pad_token_id=pad_id,
+            batch_size=config.rollout.batch_size,
+            shares_policy=True,
+            fast_decode={"on": True, "off": False}.get(settings.fast_decode, "auto"),
+            compile_decode=settings.compile_decode,
+            ignore_eos=True,
         )
     phases: dict[str, float] = {}
     policy.score_no_grad = _timed(policy.score_no_grad, phases, "old_logprobs_s", device)
     policy._optimizer_step = _timed(policy._optimizer_step, phases, "train_s", device)
     n = settings.prompts
     split = build_split(config.env, "train")  # lazy: only the tasks used are generated
-    tasks = [split[i] for i in range(max(total_steps * n, max(settings.decode_sweep, default=0) // settings.samples + 1))]
+    tasks = [
+        split[i] for i in range(max(total_steps * n, max(settings.decode_sweep, default=0) // settings.samples + 1))
+    ]
 
     rows: list[dict[str, float]] = []
     for step in range(total_steps):
         phases.clear()
         batch = tasks[step * n : (step + 1) * n]
-        params = SamplingParams(n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens,
-                                seed=settings.seed * 1000 + step)
+        params = SamplingParams(
+            n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens, seed=settings.seed * 1000 + step
+        )
         stats = RolloutStats()
         _sync(device)
         t_start = time.perf_counter()
-        episodes = run_episodes(engine, chat, config.env, batch, settings.samples, params, config.rollout.max_model_len, stats)
+        episodes = run_episodes(
+            engine, chat, config.env, batch, settings.samples, params, config.rollout.max_model_len, stats
+        )
         _sync(device)
         t_rollout = time.perf_counter()
-        rewards = torch.tensor([[e.reward for e in episodes[g * settings.samples : (g + 1) * settings.samples]] for g in range(n)])
+        rewards = torch.tensor(
+            [[e.reward for e in episodes[g * settings.samples : (g + 1) * settings.samples]] for g in range(n)]
+        )
         advantages = group_advantages(rewards).flatten().tolist()
         free_awake = _free_bytes(device)
         engine.sleep()
@@ -247,35 +281,54 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
         _sync(device)
         t_update = time.perf_counter()
         if device.type == "cuda":
-            memory_log["update_peak_allocated_gib"] = max(memory_log.get("update_peak_allocated_gib", 0.0),
-                                                          torch.cuda.max_memory_allocated(device) / 2**30)
+            memory_log["update_peak_allocated_gib"] = max(
+                memory_log.get("update_peak_allocated_gib", 0.0), torch.cuda.max_memory_allocated(device) / 2**30
+            )
         memory_log["sleep_freed_gib"] = (free_asleep - free_awake) / 2**30
         # A separate engine (vLLM) receives the adapter as CPU tensors; a shared one only a version bump.
-        sync_s = engine.update_adapter({} if getattr(engine, "shares_policy", False) else adapter_state_dict(model), step + 1)
+        sync_s = engine.update_adapter(
+            {} if getattr(engine, "shares_policy", False) else adapter_state_dict(model), step + 1
+        )
         if settings.engine == "vllm" and device.type == "cuda":
             memory_log["free_after_wake_gib"] = _free_bytes(device) / 2**30
         t_end = time.perf_counter()
         row = {
-            "step_s": t_end - t_start, "rollout_s": t_rollout - t_start, "generate_s": stats.generate_s,
-            "env_s": stats.env_s, "update_s": t_update - t_rollout, "sync_s": sync_s,
+            "step_s": t_end - t_start,
+            "rollout_s": t_rollout - t_start,
+            "generate_s": stats.generate_s,
+            "env_s": stats.env_s,
+            "update_s": t_update - t_rollout,
+            "sync_s": sync_s,
             "generated_tokens": float(stats.generated_tokens),
             "train_tokens": float(sum(len(e.sequence) for e in episodes)),
             "prompt_tokens": float(sum(len(e.sequence) - e.response_tokens for e in episodes) / len(episodes)),
-            "reward_mean": float(rewards.mean()), "loss": float(update.get("loss", 0.0)),
+            "reward_mean": float(rewards.mean()),
+            "loss": float(update.get("loss", 0.0)),
             # old_logprobs_s is 0 when the update is on-policy (one optimizer step: no separate pass)
-            **dict(getattr(engine, "timings", {})), "old_logprobs_s": 0.0, **phases,
+            **dict(getattr(engine, "timings", {})),
+            "old_logprobs_s": 0.0,
+            **phases,
         }
         rows.append(row)
-        print(f"[vlrl] step {step} ({'warm-up' if step < settings.warmup else 'measured'}): "
-              f"{row['step_s']:.2f} s (rollout {row['rollout_s']:.2f}, update {row['update_s']:.2f})", flush=True)
+        print(
+            f"[vlrl] step {step} ({'warm-up' if step < settings.warmup else 'measured'}): "
+            f"{row['step_s']:.2f} s (rollout {row['rollout_s']:.2f}, update {row['update_s']:.2f})",
+            flush=True,
+        )
 
     # Sanity of the sampler: the engine's log-probs of its own samples against the policy's
     # re-scoring of the same tokens (a wrong position, mask or cache would show as O(1) errors).
     # End-of-turn may be sampled here, so both score the same distribution.
     engine.ignore_eos = False
-    check = run_episodes(engine, chat, config.env, tasks[:n], settings.samples,
-                         SamplingParams(n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens, seed=12345),
-                         config.rollout.max_model_len)
+    check = run_episodes(
+        engine,
+        chat,
+        config.env,
+        tasks[:n],
+        settings.samples,
+        SamplingParams(n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens, seed=12345),
+        config.rollout.max_model_len,
+    )
     diffs = []
     for episode, rescored in zip(check, policy.score_no_grad([e.sequence for e in check])):
         sampled = torch.tensor(episode.sequence.loss_mask[1:], dtype=torch.bool)
@@ -310,15 +363,25 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
         tokens = sum(len(c.token_ids) for per in out for c in per)
         sweep[str(prompts_needed * settings.samples)] = {
-            "first_s": times[0], "s": times[1], "tokens": tokens, "tokens_per_s": tokens / times[1],
+            "first_s": times[0],
+            "s": times[1],
+            "tokens": tokens,
+            "tokens_per_s": tokens / times[1],
             **dict(getattr(engine, "timings", {})),
         }
-        print(f"[vlrl] rollout only, batch {prompts_needed * settings.samples}: {tokens / times[1]:,.0f} tok/s", flush=True)
+        print(
+            f"[vlrl] rollout only, batch {prompts_needed * settings.samples}: {tokens / times[1]:,.0f} tok/s",
+            flush=True,
+        )
 
     measured = rows[settings.warmup :] or rows
     summary = _summary(measured, settings)
-    summary.update(adapter_sync_copy_s=copy_sync_s, adapter_mib=adapter_mib,
-                   logprob_diff_mean=float(diff.mean()), logprob_diff_max=float(diff.max()))
+    summary.update(
+        adapter_sync_copy_s=copy_sync_s,
+        adapter_mib=adapter_mib,
+        logprob_diff_mean=float(diff.mean()),
+        logprob_diff_max=float(diff.max()),
+    )
     fast = any("decode_s" in r for r in rows)
     if settings.engine == "vllm":
         import vllm
@@ -331,7 +394,11 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     summary.update(memory_log)
     result = {
         "engine_path": path,
-        "build_s": build_s, "summary": summary, "steps": rows, "decode_sweep": sweep, "memory": _memory(device),
+        "build_s": build_s,
+        "summary": summary,
+        "steps": rows,
+        "decode_sweep": sweep,
+        "memory": _memory(device),
         "parameters": sum(p.numel() for p in model.parameters()),
         "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
@@ -389,11 +456,26 @@ def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, 
         memory_log["vllm_share"] = share
     rows = max([settings.prompts * settings.samples, *settings.decode_sweep])
     engine = VLLMEngine(
-        settings.model, processor.tokenizer, suppress, eos_token_id=chat.eos_id, lora_config=vllm_lora_config(model),
-        dtype=settings.dtype, max_model_len=1024, max_images=1, max_num_seqs=rows, kv_cache_memory_mb=256,
-        gpu_memory_utilization=share, use_gpu=cuda, seed=settings.seed,
-        extra_args={"compilation_config": {"cudagraph_capture_sizes": sorted({1, 8, 16, 32, 64, 128, rows} | set(settings.decode_sweep))}}
-        if cuda else None,
+        settings.model,
+        processor.tokenizer,
+        suppress,
+        eos_token_id=chat.eos_id,
+        lora_config=vllm_lora_config(model),
+        dtype=settings.dtype,
+        max_model_len=1024,
+        max_images=1,
+        max_num_seqs=rows,
+        kv_cache_memory_mb=256,
+        gpu_memory_utilization=share,
+        use_gpu=cuda,
+        seed=settings.seed,
+        extra_args={
+            "compilation_config": {
+                "cudagraph_capture_sizes": sorted({1, 8, 16, 32, 64, 128, rows} | set(settings.decode_sweep))
+            }
+        }
+        if cuda
+        else None,
     )
     engine.ignore_eos = True  # forced length, as the transformers engine runs the workload
     engine.update_adapter(adapter_state_dict(model), 0)
@@ -439,7 +521,6 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
         raise VlrlError(f"--compare trl needs TRL and datasets (pip install -e '.[bench]'): {exc}") from None
     from vlrl.envs.base import Task, build_split, make_env
     from vlrl.envs.maze.env import PLAN_INSTRUCTION, PLAN_SYSTEM_PROMPT
-    from vlrl.models.loading import vision_special_token_ids
     from vlrl.models.lora import lora_target_regex
 
     device = settings.resolved_device()
@@ -457,10 +538,16 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     for task in tasks:
         env = make_env(config.env)
         obs = env.reset(task)
-        rows.append({
-            "prompt": [{"role": "system", "content": PLAN_SYSTEM_PROMPT}, {"role": "user", "content": PLAN_INSTRUCTION}],
-            "image": obs.images[0], "task": json.dumps(task.to_json()),
-        })
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": PLAN_SYSTEM_PROMPT},
+                    {"role": "user", "content": PLAN_INSTRUCTION},
+                ],
+                "image": obs.images[0],
+                "task": json.dumps(task.to_json()),
+            }
+        )
     assert rows[0]["prompt"][1]["content"] == obs.text and env.system_prompt == PLAN_SYSTEM_PROMPT
     dataset = _dataset(rows)
 
@@ -479,20 +566,40 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     cuda = device.type == "cuda"
     with tempfile.TemporaryDirectory() as out_dir:
         args = GRPOConfig(
-            output_dir=out_dir, report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
-            per_device_train_batch_size=micro, gradient_accumulation_steps=completions // micro,
-            num_generations=settings.samples, max_completion_length=settings.new_tokens,
+            output_dir=out_dir,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=completions // micro,
+            num_generations=settings.samples,
+            max_completion_length=settings.new_tokens,
             # Force the length (as vlrl's run) and never sample vision placeholders (a random model would).
             generation_kwargs=trl_generation_kwargs(settings, processor),
             **trl_vllm_args(settings),
-            temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
-            learning_rate=settings.lr, max_steps=total_steps, seed=settings.seed, shuffle_dataset=False,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=0.0,
+            num_iterations=1,
+            learning_rate=settings.lr,
+            max_steps=total_steps,
+            seed=settings.seed,
+            shuffle_dataset=False,
             # Memory is plentiful: no activation recomputation (TRL's default is on), as vlrl runs.
             gradient_checkpointing=False,
-            bf16=cuda and settings.dtype == "bfloat16", use_cpu=not cuda, dataloader_num_workers=0,
+            bf16=cuda and settings.dtype == "bfloat16",
+            use_cpu=not cuda,
+            dataloader_num_workers=0,
         )
-        lora = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
-                          target_modules=lora_target_regex(config.model.lora.target_modules), bias="none")
+        lora = LoraConfig(
+            r=settings.lora_rank,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=lora_target_regex(config.model.lora.target_modules),
+            bias="none",
+        )
         marks: list[float] = []
         gen_times: list[float] = []
 
@@ -505,8 +612,15 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
                 _sync(device)
                 marks.append(time.perf_counter())
 
-        trainer = GRPOTrainer(model=model, reward_funcs=maze_reward, args=args, train_dataset=dataset,
-                              processing_class=processor, peft_config=lora, callbacks=[StepClock()])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=maze_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=processor,
+            peft_config=lora,
+            callbacks=[StepClock()],
+        )
         generate = trainer._generate_single_turn
         gen_bucket: dict[str, float] = {}
 
@@ -524,13 +638,18 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     measured = rows[settings.warmup :] or rows
     step_s = _mean(measured, "step_s")
     result = {
-        "version": trl.__version__ + (" + vLLM colocate" if settings.trl_vllm else ""), "build_s": build_s, "steps": rows,
+        "version": trl.__version__ + (" + vLLM colocate" if settings.trl_vllm else ""),
+        "build_s": build_s,
+        "steps": rows,
         "summary": {
-            "step_s": step_s, "generate_s": _mean(measured, "generate_s"), "rest_s": _mean(measured, "rest_s"),
+            "step_s": step_s,
+            "generate_s": _mean(measured, "generate_s"),
+            "rest_s": _mean(measured, "rest_s"),
             "completions_per_s": completions / step_s if step_s else 0.0,
             "rollout_tokens_per_s": completions * settings.new_tokens / max(1e-9, _mean(measured, "generate_s")),
         },
-        "memory": _memory(device), "logged_steps": len(logs),
+        "memory": _memory(device),
+        "logged_steps": len(logs),
     }
     del trainer, model
     _release(device)
@@ -557,8 +676,13 @@ def trl_vllm_args(settings: BenchSettings) -> dict[str, Any]:
     if not settings.trl_vllm:
         return {}
     share = 0.3 if settings.gpu_memory_utilization == "auto" else float(settings.gpu_memory_utilization)
-    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": share,
-            "vllm_max_model_length": 1024, "vllm_enable_sleep_mode": False}
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": share,
+        "vllm_max_model_length": 1024,
+        "vllm_enable_sleep_mode": False,
+    }
 
 
 def _dataset(rows: list[dict[str, Any]]):
@@ -567,9 +691,13 @@ def _dataset(rows: list[dict[str, Any]]):
     from datasets import Dataset, DatasetInfo, Features, Image, Value
     from datasets.table import InMemoryTable
 
-    features = Features({
-        "prompt": [{"role": Value("string"), "content": Value("string")}], "image": Image(), "task": Value("string"),
-    })
+    features = Features(
+        {
+            "prompt": [{"role": Value("string"), "content": Value("string")}],
+            "image": Image(),
+            "task": Value("string"),
+        }
+    )
     table = InMemoryTable.from_pylist([features.encode_example(r) for r in rows], schema=features.arrow_schema)
     return Dataset(table, info=DatasetInfo(features=features), fingerprint=f"vlrl-bench-{len(rows)}")
 
@@ -583,9 +711,12 @@ def environment_info(device: torch.device) -> dict[str, Any]:
     import transformers
 
     info = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "peft": peft.__version__, "device": str(device),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "device": str(device),
         "host": platform.node(),
     }
     if device.type == "cuda":
@@ -647,7 +778,10 @@ def format_table(result: dict[str, Any]) -> str:
         f"{env.get('gpu', env['device'])} | torch {env['torch']} | transformers {env['transformers']} | {env['date']}",
     ]
     if "vlrl" in result:
-        lines.append(f"vlrl engine: {result['vlrl']['engine_path']} (fast_decode={s['fast_decode']}, compile={s['compile_decode']})")
+        lines.append(
+            f"vlrl engine: {result['vlrl']['engine_path']} (fast_decode={s['fast_decode']}, "
+            f"compile={s['compile_decode']})"
+        )
     width = max([16] + [len(name) + 2 for name, _ in columns])
     lines += ["", f"{'metric':<36}" + "".join(f"{name:>{width}}" for name, _ in columns)]
 
@@ -689,14 +823,18 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"TRL step time / vlrl step time: {result['trl_over_vlrl_step_time']:.2f}x")
     if "vlrl" in result:
         ours = result["vlrl"]["summary"]
-        lines.append(f"training tokens per step {ours['train_tokens']:.0f} (prompt {ours['prompt_tokens']:.0f} + "
-                     f"{s['new_tokens']} new per completion); warm-up steps ({s['warmup']}) not counted")
+        lines.append(
+            f"training tokens per step {ours['train_tokens']:.0f} (prompt {ours['prompt_tokens']:.0f} + "
+            f"{s['new_tokens']} new per completion); warm-up steps ({s['warmup']}) not counted"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[BenchSettings | list[str], str | None]:
     defaults = BenchSettings()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for f in dataclasses.fields(BenchSettings):
         flag = "--" + f.name.replace("_", "-")
         value = getattr(defaults, f.name)
@@ -707,8 +845,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchSettings | list[str]
         else:
             p.add_argument(flag, type=type(value), default=value)
     p.add_argument("--out", default=None, help="write the full result as JSON here")
-    p.add_argument("--merge", nargs=2, metavar=("VLRL_JSON", "TRL_JSON"), default=None,
-                   help="combine a vlrl-only and a TRL-only result into one table (nothing is run)")
+    p.add_argument(
+        "--merge",
+        nargs=2,
+        metavar=("VLRL_JSON", "TRL_JSON"),
+        default=None,
+        help="combine a vlrl-only and a TRL-only result into one table (nothing is run)",
+    )
     ns = vars(p.parse_args(argv))
     out = ns.pop("out")
     merge_files = ns.pop("merge")

@@ -13,7 +13,8 @@ it also counts which control each episode's first click hit, top to bottom: a mo
 clicks the target's row; one that does not tends to click the same row whatever the instruction.
 
     python bench/gui_label_blind.py -c configs/gui-cpu.yaml --level 2 --size 128 --split holdout
-    python bench/gui_label_blind.py --level 2 --size 128 --traces bench/gui-2026-12-01/level2-seed0-sft-holdout-traces.jsonl.gz
+    python bench/gui_label_blind.py --level 2 --size 128 --traces
+    bench/gui-2026-12-01/level2-seed0-sft-holdout-traces.jsonl.gz
 """
 
 from __future__ import annotations
@@ -39,9 +40,15 @@ def label_blind_chance(config_path: str, level: int, size: int, split: str) -> d
         n = sum(w.kind in CANDIDATES[level] for s in app.screens for w in s.widgets)
         chances.append(1 / n)
         counts[n] += 1
-    return {"config": config_path, "level": level, "screen": f"{size}x{size}", "split": split, "tasks": len(tasks),
-            "candidates": {str(k): v for k, v in sorted(counts.items())},
-            "label_blind_success": round(sum(chances) / len(chances), 4)}
+    return {
+        "config": config_path,
+        "level": level,
+        "screen": f"{size}x{size}",
+        "split": split,
+        "tasks": len(tasks),
+        "candidates": {str(k): v for k, v in sorted(counts.items())},
+        "label_blind_success": round(sum(chances) / len(chances), 4),
+    }
 
 
 def first_clicks(path: str) -> dict:
@@ -54,8 +61,13 @@ def first_clicks(path: str) -> dict:
         target[str(controls.index(next(iter(trace["app"]["goal"]["set"]))))] += 1
         success += bool(trace["success"])
     n = sum(target.values())
-    return {"traces": path, "episodes": n, "success": round(success / n, 4),
-            "first_click_row": dict(sorted(clicked.items())), "target_row": dict(sorted(target.items()))}
+    return {
+        "traces": path,
+        "episodes": n,
+        "success": round(success / n, 4),
+        "first_click_row": dict(sorted(clicked.items())),
+        "target_row": dict(sorted(target.items())),
+    }
 
 
 def main() -> None:

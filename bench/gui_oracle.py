@@ -35,8 +35,14 @@ def play(env, task) -> dict:
 
 
 def run_level(level: int, apps: int, size: int, split: str) -> dict:
-    config = GuiEnvConfig(levels=[level], width=size, height=size, max_turns=32, stop_required=True,
-                          **{split: {"seed_start": {"train": 0, "adversarial": 20_000_000}[split], "count": apps}})
+    config = GuiEnvConfig(
+        levels=[level],
+        width=size,
+        height=size,
+        max_turns=32,
+        stop_required=True,
+        **{split: {"seed_start": {"train": 0, "adversarial": 20_000_000}[split], "count": apps}},
+    )
     tasks = build_split(config, split)
     env = make_env(config)
     env.render_images = False  # the oracle reads the app state; screenshots are not needed
@@ -48,7 +54,10 @@ def run_level(level: int, apps: int, size: int, split: str) -> dict:
     for r in rows:
         turns[int(r["optimal_turns"])] = turns.get(int(r["optimal_turns"]), 0) + 1
     return {
-        "level": level, "split": split, "apps": n, "size": size,
+        "level": level,
+        "split": split,
+        "apps": n,
+        "size": size,
         "success_rate": sum(r["success"] for r in rows) / n,
         "turns_equal_optimal": sum(r["turns"] == r["optimal_turns"] for r in rows) / n,
         "mean_optimal_turns": sum(r["optimal_turns"] for r in rows) / n,
@@ -103,9 +112,11 @@ def main() -> None:
         for level in LEVELS:
             row = run_level(level, args.apps, args.size, split)
             results.append(row)
-            print(f"{split:11s} level {level}: {row['apps']} apps, oracle success {row['success_rate']:.1%}, "
-                  f"turns = optimal {row['turns_equal_optimal']:.1%}, mean optimal turns {row['mean_optimal_turns']:.2f} "
-                  f"{row['optimal_turns_histogram']}, replays matching {row['replay_matches']:.1%}, {row['seconds']} s")
+            print(
+                f"{split:11s} level {level}: {row['apps']} apps, oracle success {row['success_rate']:.1%}, "
+                f"turns = optimal {row['turns_equal_optimal']:.1%}, mean optimal turns {row['mean_optimal_turns']:.2f} "
+                f"{row['optimal_turns_histogram']}, replays matching {row['replay_matches']:.1%}, {row['seconds']} s"
+            )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {args.out}")

@@ -10,7 +10,8 @@ turns, where every model is near perfect while the goal is still reachable).
 A model that cannot see the walls still learns the start corner's commonest first move: the
 first table then shows one move per start, whatever the maze (2026-12-01, 9x9 on an H200).
 
-    PYTHONPATH=src python bench/maze_turn_errors.py bench/gpu-maze9-2026-12-01b/eval-holdout/sft/traces.jsonl.gz [--json OUT]
+    PYTHONPATH=src python bench/maze_turn_errors.py bench/gpu-maze9-2026-12-01b/eval-holdout/sft/traces.jsonl.gz [--json
+    OUT]
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def classify(trace: dict) -> list[str]:
             kinds.append(("stop" if pos == maze.goal else "stop off goal") if action == "stop" else "invalid")
         else:
             nxt = maze.move(pos, action)
-            kinds.append("bump" if nxt is None else "good" if dist[nxt[0]][nxt[1]] < dist[pos[0]][pos[1]] else "wrong branch")
+            kinds.append(
+                "bump" if nxt is None else "good" if dist[nxt[0]][nxt[1]] < dist[pos[0]][pos[1]] else "wrong branch"
+            )
         pos = tuple(turn["position"])
     return kinds
 
@@ -74,16 +77,23 @@ def summarise(path: str) -> dict:
                 by_turn_winnable[t][0] += kind in ("good", "stop")
                 by_turn_winnable[t][1] += 1
             lost_turns += not open_
-        first = next((t for t, (kind, open_) in enumerate(zip(turns, winnable)) if open_ and kind not in ("good", "stop")), None)
+        first = next(
+            (t for t, (kind, open_) in enumerate(zip(turns, winnable)) if open_ and kind not in ("good", "stop")), None
+        )
         if first is not None:
             first_error_turn[first] += 1
         start = tuple(trace["maze"]["start"])
         first_moves[str(start)][f"{trace['turns'][0].get('action')} ({turns[0]})"] += 1
     return {
-        "file": path, "episodes": len(traces), "turns": dict(kinds), "first_error": dict(first_error),
+        "file": path,
+        "episodes": len(traces),
+        "turns": dict(kinds),
+        "first_error": dict(first_error),
         "accuracy_by_turn": {t: round(ok / n, 3) for t, (ok, n) in sorted(by_turn.items())},
         "turns_after_goal_out_of_reach": lost_turns,
-        "accuracy_by_turn_while_winnable": {t: [round(ok / n, 3), n] for t, (ok, n) in sorted(by_turn_winnable.items())},
+        "accuracy_by_turn_while_winnable": {
+            t: [round(ok / n, 3), n] for t, (ok, n) in sorted(by_turn_winnable.items())
+        },
         "first_mistake_turn_while_winnable": dict(sorted(first_error_turn.items())),
         "first_move_by_start": {s: dict(c) for s, c in sorted(first_moves.items())},
     }
@@ -98,13 +108,20 @@ def main() -> None:
     for s in out:
         total = sum(s["turns"].values()) or 1
         print(f"{s['file']}: {s['episodes']} episodes, {total} turns")
-        print("  turns:", ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sorted(s["turns"].items(), key=lambda x: -x[1])))
+        print(
+            "  turns:",
+            ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sorted(s["turns"].items(), key=lambda x: -x[1])),
+        )
         print("  first mistake:", s["first_error"])
         print("  right moves by turn:", " ".join(f"{t}:{a:.2f}" for t, a in s["accuracy_by_turn"].items()))
-        print(f"  turns after the goal was out of reach: {s['turns_after_goal_out_of_reach']} "
-              f"({100 * s['turns_after_goal_out_of_reach'] / total:.0f}%)")
-        print("  right moves by turn while winnable (rate, turns):",
-              " ".join(f"{t}:{a:.2f}({n})" for t, (a, n) in s["accuracy_by_turn_while_winnable"].items()))
+        print(
+            f"  turns after the goal was out of reach: {s['turns_after_goal_out_of_reach']} "
+            f"({100 * s['turns_after_goal_out_of_reach'] / total:.0f}%)"
+        )
+        print(
+            "  right moves by turn while winnable (rate, turns):",
+            " ".join(f"{t}:{a:.2f}({n})" for t, (a, n) in s["accuracy_by_turn_while_winnable"].items()),
+        )
         print("  first mistake while winnable, at turn:", s["first_mistake_turn_while_winnable"])
         for start, moves in s["first_move_by_start"].items():
             print(f"  first move from {start}:", moves)

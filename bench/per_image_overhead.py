@@ -48,11 +48,35 @@ from vlrl.training.sft import oracle_transcript, sft_loss  # noqa: E402
 
 # Operators that only make views or metadata (no kernel on a GPU).
 _VIEWS = {
-    "aten::as_strided", "aten::transpose", "aten::view", "aten::slice", "aten::narrow", "aten::select",
-    "aten::expand", "aten::unsqueeze", "aten::reshape", "aten::flatten", "aten::unbind", "aten::split",
-    "aten::split_with_sizes", "aten::squeeze", "aten::t", "aten::permute", "aten::alias", "aten::detach",
-    "aten::_unsafe_view", "aten::lift_fresh", "aten::resize_", "aten::empty", "aten::empty_strided",
-    "aten::empty_like", "aten::result_type", "aten::to", "aten::chunk", "aten::contiguous", "aten::_reshape_alias",
+    "aten::as_strided",
+    "aten::transpose",
+    "aten::view",
+    "aten::slice",
+    "aten::narrow",
+    "aten::select",
+    "aten::expand",
+    "aten::unsqueeze",
+    "aten::reshape",
+    "aten::flatten",
+    "aten::unbind",
+    "aten::split",
+    "aten::split_with_sizes",
+    "aten::squeeze",
+    "aten::t",
+    "aten::permute",
+    "aten::alias",
+    "aten::detach",
+    "aten::_unsafe_view",
+    "aten::lift_fresh",
+    "aten::resize_",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::empty_like",
+    "aten::result_type",
+    "aten::to",
+    "aten::chunk",
+    "aten::contiguous",
+    "aten::_reshape_alias",
 }
 _SYNCS = {"aten::item", "aten::_local_scalar_dense"}
 
@@ -116,8 +140,11 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         sequences[mode] = [oracle_transcript(config, chat, task, rng) for task in tasks]
         pieces = sum(len(s.images) for s in sequences[mode])
-        rows[f"encode/{mode}"] = {"pieces": pieces, "seconds": round(time.perf_counter() - t0, 4),
-                                  "ms_per_piece": round(1000 * (time.perf_counter() - t0) / pieces, 3)}
+        rows[f"encode/{mode}"] = {
+            "pieces": pieces,
+            "seconds": round(time.perf_counter() - t0, 4),
+            "ms_per_piece": round(1000 * (time.perf_counter() - t0) / pieces, 3),
+        }
     same_tokens = all(a.token_ids == b.token_ids for a, b in zip(sequences["stock"], sequences["batched"]))
 
     model = load_policy_model(model_dir, dtype="float32").to(device)
@@ -127,22 +154,24 @@ def main(argv: list[str] | None = None) -> dict:
     merge = spatial_merge_size(model)
     pad = processor.tokenizer.pad_token_id or 0
     seqs = sequences["batched"]
+    # The closures below run inside their own iteration, so binding the loop variables late is what is meant.
     for mode, m in (("stock", stock), ("batched", model)):
+
         def batch():
             b = collate(seqs, pad, side="right")
-            return with_position_ids(b, merge) if mode == "batched" else b
+            return with_position_ids(b, merge) if mode == "batched" else b  # noqa: B023
 
         def sft_step():
-            m.zero_grad(set_to_none=True)
+            m.zero_grad(set_to_none=True)  # noqa: B023
             b = {k: v.to(device) for k, v in batch().items()}
-            loss = sft_loss(m, b, suppress)
+            loss = sft_loss(m, b, suppress)  # noqa: B023
             loss.backward()
             return float(loss.detach())
 
         @torch.no_grad()
         def score():
             b = {k: v.to(device) for k, v in batch().items()}
-            return float(sft_loss(m, b, suppress))
+            return float(sft_loss(m, b, suppress))  # noqa: B023
 
         rows[f"sft/{mode}"] = _count(sft_step, device)
         rows[f"score/{mode}"] = _count(score, device)
@@ -150,11 +179,17 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "command": "python bench/per_image_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": platform.node(), "device": str(device),
+        "host": platform.node(),
+        "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "config": args.config, "model": config.model.init_tiny, "episodes": len(seqs), "images": images,
-        "tokens": sum(len(s) for s in seqs), "same_tokens_both_encodings": same_tokens,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "config": args.config,
+        "model": config.model.init_tiny,
+        "episodes": len(seqs),
+        "images": images,
+        "tokens": sum(len(s) for s in seqs),
+        "same_tokens_both_encodings": same_tokens,
         "rows": rows,
     }
     for phase in ("sft", "score"):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import platform
-import random
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ if str(ROOT / "bench") not in sys.path:  # per_image_overhead's set-up, also whe
     sys.path.insert(0, str(ROOT / "bench"))
 
 from per_image_overhead import bench_parser, bench_setup  # noqa: E402
+
 from vlrl.envs.base import make_env  # noqa: E402
 from vlrl.models.loading import load_policy_model  # noqa: E402
 from vlrl.rollout.hf_engine import _StaticDecoder  # noqa: E402
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         _StaticDecoder(model, vision_cache_mb=0)._prefill(turns[0][:1], pad, device)  # warm-up, not counted
         for t, prompts in enumerate(turns):
             # The modes take turns going first, so neither always runs on a cold cache or allocator.
-            for mode in (list(modes) if t % 2 == 0 else list(modes)[::-1]):
+            for mode in list(modes) if t % 2 == 0 else list(modes)[::-1]:
                 decoder = decoders[mode]
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -95,32 +95,67 @@ def main(argv: list[str] | None = None) -> dict:
                     torch.cuda.synchronize(device)
                 seconds = time.perf_counter() - t0
                 last_logits[mode].append(logits.float().cpu())
-                rows[mode].append({"conversations": len(prompts), "tokens": sum(len(p) for p in prompts),
-                                   "seconds": round(seconds, 4), **decoder.vision_stats})
+                rows[mode].append(
+                    {
+                        "conversations": len(prompts),
+                        "tokens": sum(len(p) for p in prompts),
+                        "seconds": round(seconds, 4),
+                        **decoder.vision_stats,
+                    }
+                )
     cache = decoders["cached"].vision_cache
-    cache_info = {"max_bytes": cache.max_bytes, "bytes": cache.bytes, "entries": len(cache.entries),
-                  "hits": cache.hits, "misses": cache.misses, "invalidations": cache.invalidations}
+    cache_info = {
+        "max_bytes": cache.max_bytes,
+        "bytes": cache.bytes,
+        "entries": len(cache.entries),
+        "hits": cache.hits,
+        "misses": cache.misses,
+        "invalidations": cache.invalidations,
+    }
     worst = max(float((a - b).abs().max()) for a, b in zip(last_logits["uncached"], last_logits["cached"]))
-    totals = {mode: {"seconds": round(sum(r["seconds"] for r in rs), 3),
-                     "pixel_bytes": sum(r["pixel_bytes"] for r in rs),
-                     "images_encoded": sum(r["encoded"] for r in rs)} for mode, rs in rows.items()}
+    totals = {
+        mode: {
+            "seconds": round(sum(r["seconds"] for r in rs), 3),
+            "pixel_bytes": sum(r["pixel_bytes"] for r in rs),
+            "images_encoded": sum(r["encoded"] for r in rs),
+        }
+        for mode, rs in rows.items()
+    }
     result = {
         "command": "python bench/prefill_vision_cache.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": platform.node(), "device": str(device), "threads": args.threads, "dtype": args.dtype,
+        "host": platform.node(),
+        "device": str(device),
+        "threads": args.threads,
+        "dtype": args.dtype,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "config": args.config, "model": config.model.init_tiny, "episodes": len(tasks), "turns": len(turns),
-        "max_abs_logit_diff": worst, "totals": totals, "cache": cache_info, "per_turn": rows,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "config": args.config,
+        "model": config.model.init_tiny,
+        "episodes": len(tasks),
+        "turns": len(turns),
+        "max_abs_logit_diff": worst,
+        "totals": totals,
+        "cache": cache_info,
+        "per_turn": rows,
     }
-    print(f"{len(tasks)} episodes, {len(turns)} turns ({config.model.init_tiny}, {args.dtype} on {device}, {args.threads} threads)")
+    print(
+        f"{len(tasks)} episodes, {len(turns)} turns ({config.model.init_tiny}, {args.dtype} on {device}, "
+        f"{args.threads} threads)"
+    )
     print("turn  convs  images | uncached s  pixel MB | cached s  pixel MB  encoded")
     for t, (u, c) in enumerate(zip(rows["uncached"], rows["cached"]), start=1):
-        print(f"{t:4d}  {u['conversations']:5d}  {u['images']:6d} | {u['seconds']:10.3f}  {u['pixel_bytes'] / 2**20:8.1f} |"
-              f" {c['seconds']:8.3f}  {c['pixel_bytes'] / 2**20:8.1f}  {c['encoded']:7d}")
+        print(
+            f"{t:4d}  {u['conversations']:5d}  {u['images']:6d} | "
+            f"{u['seconds']:10.3f}  {u['pixel_bytes'] / 2**20:8.1f} |"
+            f" {c['seconds']:8.3f}  {c['pixel_bytes'] / 2**20:8.1f}  {c['encoded']:7d}"
+        )
     for mode, tot in totals.items():
-        print(f"{mode:9s} total {tot['seconds']:.2f} s, {tot['pixel_bytes'] / 2**20:.1f} MiB of pixels, "
-              f"{tot['images_encoded']} images encoded")
+        print(
+            f"{mode:9s} total {tot['seconds']:.2f} s, {tot['pixel_bytes'] / 2**20:.1f} MiB of pixels, "
+            f"{tot['images_encoded']} images encoded"
+        )
     print(f"largest |logit difference| between the modes: {worst:.2e}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -37,8 +37,9 @@ def ensure_model_dir(path: Path, settings: grpo_bench.BenchSettings) -> float:
     return grpo_bench.save_preset(path, settings)
 
 
-def run_one(settings: grpo_bench.BenchSettings, model_dir: Path, workers: int, prompts: int, use_gpu: bool,
-            storage: Path) -> dict:
+def run_one(
+    settings: grpo_bench.BenchSettings, model_dir: Path, workers: int, prompts: int, use_gpu: bool, storage: Path
+) -> dict:
     """Warm-up + measured steps of one worker-group size; the trainer's own step metrics."""
     from vlrl.training.trainer import GRPOTrainer
 
@@ -46,10 +47,16 @@ def run_one(settings: grpo_bench.BenchSettings, model_dir: Path, workers: int, p
     config = grpo_bench.reference_config(run)
     total = settings.warmup + settings.steps
     for key, value in {
-        "model.path": str(model_dir), "runtime.backend": "ray", "runtime.num_workers": workers,
-        "runtime.use_gpu": use_gpu, "runtime.cpus_per_worker": 4 if use_gpu else 1,
-        "runtime.object_store_memory_mb": 1024, "train.steps": total,
-        "train.eval_every": 0, "train.checkpoint_every": 0, "storage.root": str(storage),
+        "model.path": str(model_dir),
+        "runtime.backend": "ray",
+        "runtime.num_workers": workers,
+        "runtime.use_gpu": use_gpu,
+        "runtime.cpus_per_worker": 4 if use_gpu else 1,
+        "runtime.object_store_memory_mb": 1024,
+        "train.steps": total,
+        "train.eval_every": 0,
+        "train.checkpoint_every": 0,
+        "storage.root": str(storage),
     }.items():
         section, field = key.split(".")
         setattr(getattr(config, section), field, value)
@@ -62,17 +69,25 @@ def run_one(settings: grpo_bench.BenchSettings, model_dir: Path, workers: int, p
         for i in range(total):
             values = trainer.step().values
             rows.append({k: v for k, v in values.items() if k.startswith(("time/", "throughput/"))})
-            print(f"[ray W={workers} prompts={prompts}] step {i}: {values['time/step_s']:.2f} s "
-                  f"(rollout {values['time/rollout_s']:.2f}, update {values.get('time/update_s', 0):.2f}, "
-                  f"sync {values['time/sync_s']:.3f})", flush=True)
+            print(
+                f"[ray W={workers} prompts={prompts}] step {i}: {values['time/step_s']:.2f} s "
+                f"(rollout {values['time/rollout_s']:.2f}, update {values.get('time/update_s', 0):.2f}, "
+                f"sync {values['time/sync_s']:.3f})",
+                flush=True,
+            )
     finally:
         trainer.close()
     measured = rows[settings.warmup :] or rows
     mean = {k: sum(r[k] for r in measured if k in r) / len(measured) for k in measured[0]}
     completions = prompts * settings.samples
     return {
-        "workers": workers, "prompts": prompts, "completions": completions, "start_s": start_s,
-        "steps": rows, "mean": mean, "completions_per_s": completions / mean["time/step_s"],
+        "workers": workers,
+        "prompts": prompts,
+        "completions": completions,
+        "start_s": start_s,
+        "steps": rows,
+        "mean": mean,
+        "completions_per_s": completions / mean["time/step_s"],
     }
 
 
@@ -84,8 +99,12 @@ def scaling_table(runs: list[dict]) -> list[dict]:
         w = r["workers"]
         weak = base.get(r["prompts"] // w) if r["prompts"] % w == 0 else None
         strong = base.get(r["prompts"])
-        row = {"workers": w, "prompts": r["prompts"], "step_s": r["mean"]["time/step_s"],
-               "completions_per_s": r["completions_per_s"]}
+        row = {
+            "workers": w,
+            "prompts": r["prompts"],
+            "step_s": r["mean"]["time/step_s"],
+            "completions_per_s": r["completions_per_s"],
+        }
         if weak is not None and w > 1:
             row["weak_efficiency"] = r["completions_per_s"] / (w * weak["completions_per_s"])
         if strong is not None and w > 1:
@@ -111,8 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     settings = grpo_bench.BenchSettings(
-        model=a.model, device="cpu" if a.cpu else "auto", dtype=a.dtype, samples=a.samples, new_tokens=a.new_tokens,
-        micro_batch=a.micro_batch, warmup=a.warmup, steps=a.steps, maze_size=a.maze_size, cell_px=a.cell_px,
+        model=a.model,
+        device="cpu" if a.cpu else "auto",
+        dtype=a.dtype,
+        samples=a.samples,
+        new_tokens=a.new_tokens,
+        micro_batch=a.micro_batch,
+        warmup=a.warmup,
+        steps=a.steps,
+        maze_size=a.maze_size,
+        cell_px=a.cell_px,
     )
     model_dir = Path(a.model_dir)
     result = {"environment": grpo_bench.environment_info(settings.resolved_device()), "settings": vars(a)}
@@ -135,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in result["scaling"]:
         weak = f"{row['weak_efficiency']:.0%}" if "weak_efficiency" in row else "-"
         strong = f"{row['strong_efficiency']:.0%}" if "strong_efficiency" in row else "-"
-        print(f"{row['workers']:>8}{row['prompts']:>9}{row['step_s']:>9.2f}{row['completions_per_s']:>9.2f}{weak:>10}{strong:>11}")
+        print(
+            f"{row['workers']:>8}{row['prompts']:>9}{row['step_s']:>9.2f}{row['completions_per_s']:>9.2f}{weak:>10}{strong:>11}"
+        )
     return 0
 
 

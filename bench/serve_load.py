@@ -75,8 +75,9 @@ def make_tiny(out: Path) -> tuple[Path, Path, Path]:
     return base, adapters[0], adapters[1]
 
 
-async def client_loop(index: int, client, model: str, config, tasks, t0: float, stop_at: float, samples: list[Sample],
-                      max_tokens: int) -> None:
+async def client_loop(
+    index: int, client, model: str, config, tasks, t0: float, stop_at: float, samples: list[Sample], max_tokens: int
+) -> None:
     """Play episodes back to back until `stop_at`; one Sample per request."""
     from vlrl.envs.base import make_env
 
@@ -85,20 +86,32 @@ async def client_loop(index: int, client, model: str, config, tasks, t0: float, 
         env = make_env(config.env)
         obs = env.reset(tasks[episode % len(tasks)])
         episode += len(tasks) // 7 + 1
-        messages = [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": obs.to_content("data_url")}]
+        messages = [
+            {"role": "system", "content": env.system_prompt},
+            {"role": "user", "content": obs.to_content("data_url")},
+        ]
         while time.perf_counter() < stop_at:
             start = time.perf_counter()
             try:
-                reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0.0)
+                reply = await client.chat.completions.create(
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=0.0
+                )
             except Exception as exc:  # noqa: BLE001 - every failure is a data point
-                samples.append(Sample(start - t0, time.perf_counter() - start, False, error=f"{type(exc).__name__}: {str(exc)[:120]}"))
+                samples.append(
+                    Sample(
+                        start - t0, time.perf_counter() - start, False, error=f"{type(exc).__name__}: {str(exc)[:120]}"
+                    )
+                )
                 break
             samples.append(Sample(start - t0, time.perf_counter() - start, True, served_by=reply.model))
             text = reply.choices[0].message.content or ""
             result = env.step(text)
             if result.done:
                 break
-            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result.observation.to_content("data_url")}]
+            messages += [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": result.observation.to_content("data_url")},
+            ]
 
 
 async def run_load(url: str, api_key: str, model: str, config, clients: int, duration: float, swap, swap_at: float):
@@ -124,7 +137,10 @@ async def run_load(url: str, api_key: str, model: str, config, clients: int, dur
             record.error = f"{type(exc).__name__}: {exc}"
         record.end = time.perf_counter() - t0
 
-    jobs = [client_loop(i, client, model, config, tasks, t0, stop_at, samples, config.rollout.max_new_tokens) for i in range(clients)]
+    jobs = [
+        client_loop(i, client, model, config, tasks, t0, stop_at, samples, config.rollout.max_new_tokens)
+        for i in range(clients)
+    ]
     if swap is not None:
         jobs.append(do_swap())
     await asyncio.gather(*jobs)
@@ -153,12 +169,21 @@ def summarize(samples: list[Sample], record: SwapRecord, elapsed: float, clients
     for s in ok:
         versions[s.served_by] = versions.get(s.served_by, 0) + 1
     out = {
-        "clients": clients, "duration_s": duration, "elapsed_s": round(elapsed, 2),
-        "requests": len(samples), "ok": len(ok), "errors": sum(errors.values()), "error_kinds": errors,
+        "clients": clients,
+        "duration_s": duration,
+        "elapsed_s": round(elapsed, 2),
+        "requests": len(samples),
+        "ok": len(ok),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
         "requests_per_s": round(len(ok) / elapsed, 2),
-        "latency_s": {"mean": round(statistics.fmean(latencies), 4) if latencies else None,
-                      "p50": round(percentile(latencies, 0.50), 4), "p95": round(percentile(latencies, 0.95), 4),
-                      "p99": round(percentile(latencies, 0.99), 4), "max": round(max(latencies, default=float("nan")), 4)},
+        "latency_s": {
+            "mean": round(statistics.fmean(latencies), 4) if latencies else None,
+            "p50": round(percentile(latencies, 0.50), 4),
+            "p95": round(percentile(latencies, 0.95), 4),
+            "p99": round(percentile(latencies, 0.99), 4),
+            "max": round(max(latencies, default=float("nan")), 4),
+        },
         "served_by": versions,
     }
     if record.start or record.error:
@@ -166,12 +191,19 @@ def summarize(samples: list[Sample], record: SwapRecord, elapsed: float, clients
         during = [s for s in samples if s.start < record.end and s.start + s.latency > record.start]
         after = [s for s in ok if s.start > record.end]
         out["swap"] = {
-            "at_s": round(record.start, 2), "took_s": round(record.end - record.start, 3), "error": record.error or None,
-            "from": old, "to": new, "loaded": record.result.get("loaded"),
-            "requests_overlapping_swap": len(during), "failed_overlapping_swap": sum(not s.ok for s in during),
+            "at_s": round(record.start, 2),
+            "took_s": round(record.end - record.start, 3),
+            "error": record.error or None,
+            "from": old,
+            "to": new,
+            "loaded": record.result.get("loaded"),
+            "requests_overlapping_swap": len(during),
+            "failed_overlapping_swap": sum(not s.ok for s in during),
             "started_after_swap_served_by_old": sum(s.served_by == old for s in after),
             "started_after_swap": len(after),
-            "first_new_version_at_s": round(min((s.start + s.latency for s in ok if s.served_by == new), default=float("nan")), 3),
+            "first_new_version_at_s": round(
+                min((s.start + s.latency for s in ok if s.served_by == new), default=float("nan")), 3
+            ),
         }
     return out
 
@@ -191,7 +223,9 @@ def vllm_only_swap(url: str, api_key: str, first: Path, second: Path, mode: str)
             client.unload(name)
             client.load(name, second)
         else:  # vLLM reuses the name's LoRA id: requests in flight continue on the new weights
-            client._call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(second), "load_inplace": True})
+            client._call(
+                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(second), "load_inplace": True}
+            )
         return {"name": name, "target": name, "previous": None, "loaded": True, "seconds": time.perf_counter() - start}
 
     return swap, name
@@ -207,14 +241,23 @@ def main() -> int:
     parser.add_argument("--adapter", type=Path, help="The version served at the start.")
     parser.add_argument("--swap-to", type=Path, help="The version swapped in at --swap-at (omit: no swap).")
     parser.add_argument("--swap-at", type=float, default=0.5, help="When to swap, as a fraction of the duration.")
-    parser.add_argument("--clients", "-C", default="32", help="Concurrent clients; a comma list (32,128) runs one load "
-                        "phase per count on the same server, each with a swap (back and forth between the two versions).")
+    parser.add_argument(
+        "--clients",
+        "-C",
+        default="32",
+        help="Concurrent clients; a comma list (32,128) runs one load "
+        "phase per count on the same server, each with a swap (back and forth between the two versions).",
+    )
     parser.add_argument("--duration", "-D", type=float, default=30.0)
     parser.add_argument("--port", type=int, default=18765)
-    parser.add_argument("--config", "-c", type=Path, default=ROOT / "configs" / "ci-tiny.yaml", help="Env and rollout settings.")
+    parser.add_argument(
+        "--config", "-c", type=Path, default=ROOT / "configs" / "ci-tiny.yaml", help="Env and rollout settings."
+    )
     parser.add_argument("--json", type=Path, help="Also write the report here.")
     parser.add_argument(
-        "--swap-mode", choices=("route", "unload-load", "inplace"), default="route",
+        "--swap-mode",
+        choices=("route", "unload-load", "inplace"),
+        default="route",
         help="route: vlrl's swap (load the new version, flip the route). For comparison, vLLM's endpoints alone on a "
         "name clients use directly: unload-load (unload it, load the new version under the same name) or "
         "inplace (load_inplace=True under the same name).",
@@ -236,8 +279,14 @@ def main() -> int:
     if url is None:
         if not (args.base and args.adapter):
             parser.error("give --url, or --base and --adapter (or --make-tiny) to start a server")
-        options = ServeOptions(base=args.base, adapters=[adapter_spec(args.name, args.adapter)], api_key=api_key,
-                               port=args.port, max_model_len=config.rollout.max_model_len, max_images=config.env.max_turns + 2)
+        options = ServeOptions(
+            base=args.base,
+            adapters=[adapter_spec(args.name, args.adapter)],
+            api_key=api_key,
+            port=args.port,
+            max_model_len=config.rollout.max_model_len,
+            max_images=config.env.max_turns + 2,
+        )
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve_load-{args.port}.log"
         server = VllmServer(options, log=log).start()
         try:
@@ -259,9 +308,15 @@ def main() -> int:
             elif target is not None:
                 old = args.adapter if phase % 2 == 0 else args.swap_to
                 swap, model = vllm_only_swap(url, api_key, old, target, args.swap_mode)
-            samples, record, elapsed = asyncio.run(run_load(url, api_key, model, config, clients, args.duration, swap, args.swap_at))
+            samples, record, elapsed = asyncio.run(
+                run_load(url, api_key, model, config, clients, args.duration, swap, args.swap_at)
+            )
             report = summarize(samples, record, elapsed, clients, args.duration)
-            report["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+            report["machine"] = {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+            }
             print(json.dumps(report, indent=1))
             reports.append(report)
     finally:

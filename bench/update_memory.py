@@ -58,11 +58,19 @@ def _workload_config(settings: grpo_bench.BenchSettings, workload: str, micro: i
     if workload == "single":
         config = grpo_bench.reference_config(settings)
     else:
-        config = load_config(ROOT / "configs" / "qwen3vl-8b-6gpu.yaml", [
-            f"model.path={settings.model}", f"model.dtype={settings.dtype}", "runtime.backend=local",
-            "runtime.num_workers=1", "runtime.use_gpu=false", "tracking.enabled=false", "storage.root=/tmp",
-            f"rollout.max_new_tokens={turn_tokens}",
-        ])
+        config = load_config(
+            ROOT / "configs" / "qwen3vl-8b-6gpu.yaml",
+            [
+                f"model.path={settings.model}",
+                f"model.dtype={settings.dtype}",
+                "runtime.backend=local",
+                "runtime.num_workers=1",
+                "runtime.use_gpu=false",
+                "tracking.enabled=false",
+                "storage.root=/tmp",
+                f"rollout.max_new_tokens={turn_tokens}",
+            ],
+        )
     config.algo.micro_batch_size = micro
     config.algo.logit_chunk_size = 0 if impl == "legacy" else 1024
     return config
@@ -129,12 +137,23 @@ def _measure(model, processor, settings, workload: str, impl: str, micro: int, a
         enable_activation_checkpointing(model)
     elif base.is_gradient_checkpointing:
         base.gradient_checkpointing_disable()
-    policy = Policy(model, config, vision_special_token_ids(processor), processor.tokenizer.pad_token_id,
-                    total_optimizer_steps=steps * len(plan.steps), world_size=world)
+    policy = Policy(
+        model,
+        config,
+        vision_special_token_ids(processor),
+        processor.tokenizer.pad_token_id,
+        total_optimizer_steps=steps * len(plan.steps),
+        world_size=world,
+    )
     row: dict[str, Any] = {
-        "workload": workload, "loss_impl": impl, "micro_batch": micro, "episodes": len(held),
-        "tokens_per_episode": len(seqs[0]), "loss_tokens_per_episode": loss_units(seqs[0]),
-        "optimizer_steps": len(plan.steps), "kl_coef": a.kl_coef,
+        "workload": workload,
+        "loss_impl": impl,
+        "micro_batch": micro,
+        "episodes": len(held),
+        "tokens_per_episode": len(seqs[0]),
+        "loss_tokens_per_episode": loss_units(seqs[0]),
+        "optimizer_steps": len(plan.steps),
+        "kl_coef": a.kl_coef,
     }
     tokens = sum(len(e.sequence) for e in held)
     times = []
@@ -147,8 +166,14 @@ def _measure(model, processor, settings, workload: str, impl: str, micro: int, a
             grpo_bench._sync(device)
             if it >= settings.warmup:
                 times.append(time.perf_counter() - t0)
-        row.update({"update_s": sum(times) / len(times), "update_tokens_per_s": tokens / (sum(times) / len(times)),
-                    "loss": stats.get("loss"), "oom": False})
+        row.update(
+            {
+                "update_s": sum(times) / len(times),
+                "update_tokens_per_s": tokens / (sum(times) / len(times)),
+                "loss": stats.get("loss"),
+                "oom": False,
+            }
+        )
     except torch.OutOfMemoryError as exc:
         row.update({"oom": True, "error": str(exc).splitlines()[0]})
     row.update(grpo_bench._memory(device))
@@ -176,10 +201,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--workload", choices=["single", "multi", "both"], default="both")
-    p.add_argument("--single-impl", default="legacy,chunked", help="loss passes of the single-turn workload: legacy | chunked | chunked-ckpt")
+    p.add_argument(
+        "--single-impl",
+        default="legacy,chunked",
+        help="loss passes of the single-turn workload: legacy | chunked | chunked-ckpt",
+    )
     p.add_argument("--multi-impl", default="legacy,chunked,chunked-ckpt", help="loss passes of the multi-turn workload")
     p.add_argument("--single-micro", default="16,32", help="micro-batch sizes of the single-turn workload")
-    p.add_argument("--multi-micro", default="4,8", help="micro-batch sizes of the multi-turn workload (the config's is 8)")
+    p.add_argument(
+        "--multi-micro", default="4,8", help="micro-batch sizes of the multi-turn workload (the config's is 8)"
+    )
     p.add_argument("--turns", type=int, default=18)
     p.add_argument("--turn-tokens", type=int, default=64, help="response tokens per turn of the multi-turn workload")
     p.add_argument("--workers", type=int, default=WORKERS, help="workers the multi-turn step is shared by")
@@ -188,23 +219,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=2)
-    p.add_argument("--multi-iters", type=int, default=1, help="measured updates of the multi-turn workload (no warm-up)")
+    p.add_argument(
+        "--multi-iters", type=int, default=1, help="measured updates of the multi-turn workload (no warm-up)"
+    )
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
     from vlrl.models.lora import apply_lora
 
-    settings = grpo_bench.BenchSettings(model=args.model, device=args.device, dtype=args.dtype, prompts=args.prompts,
-                                        samples=args.samples, new_tokens=args.new_tokens, warmup=args.warmup, steps=args.iters)
+    settings = grpo_bench.BenchSettings(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        prompts=args.prompts,
+        samples=args.samples,
+        new_tokens=args.new_tokens,
+        warmup=args.warmup,
+        steps=args.iters,
+    )
     device = settings.resolved_device()
     t0 = time.perf_counter()
     base, processor = grpo_bench.build_model(settings, device)
     config = grpo_bench.reference_config(settings)
-    model = apply_lora(base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed)
+    model = apply_lora(
+        base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed
+    )
     model.to(device)
     build_s = time.perf_counter() - t0
     _release(device)
     weights_gib = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
     def listed(text: str) -> list[str]:
         return [s.strip() for s in text.split(",") if s.strip()]
 
@@ -218,17 +262,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.workload in ("multi", "both"):
         plans += [("multi", impl, int(m)) for m in listed(args.multi_micro) for impl in listed(args.multi_impl)]
     for workload, impl, micro in plans:
-        run = settings if workload == "single" else grpo_bench.BenchSettings(**{**settings.__dict__, "warmup": 0, "steps": args.multi_iters})
+        run = (
+            settings
+            if workload == "single"
+            else grpo_bench.BenchSettings(**{**settings.__dict__, "warmup": 0, "steps": args.multi_iters})
+        )
         row = _measure(model, processor, run, workload, impl, micro, args)
         rows.append(row)
         peak = row.get("peak_allocated_gib")
-        print(f"[update-memory] {workload:6s} {impl:7s} micro {micro:3d}: "
-              + ("OOM" if row["oom"] else f"{row['update_tokens_per_s']:.0f} tok/s")
-              + (f", peak {peak:.1f} GiB" if peak is not None else ""), flush=True)
+        print(
+            f"[update-memory] {workload:6s} {impl:7s} micro {micro:3d}: "
+            + ("OOM" if row["oom"] else f"{row['update_tokens_per_s']:.0f} tok/s")
+            + (f", peak {peak:.1f} GiB" if peak is not None else ""),
+            flush=True,
+        )
     result = {
-        "model": args.model, "device": str(device), "dtype": args.dtype, "build_s": build_s, "weights_gib": weights_gib,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-        "torch": torch.__version__, "turns": args.turns, "turn_tokens": args.turn_tokens, "workers": args.workers,
+        "model": args.model,
+        "device": str(device),
+        "dtype": args.dtype,
+        "build_s": build_s,
+        "weights_gib": weights_gib,
+        "gpu": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "turns": args.turns,
+        "turn_tokens": args.turn_tokens,
+        "workers": args.workers,
         "rows": rows,
     }
     if args.out:

@@ -9,7 +9,8 @@ while the "ci" vision tower stayed at chance for 1,250 steps. With the tower's h
 (`--local-init 48`) it stayed at chance too (500 steps, 2026-12-02): one answer per image is too weak a
 signal for this tower; dense labels on every square (`vlrl model pretrain-vision`) are what taught it.
 
-    python bench/vision_probe.py --model-dir runs/models/maze9 --size 9 --steps 2000 --lr 1e-3 --device cuda --out probe.json
+    python bench/vision_probe.py --model-dir runs/models/maze9 --size 9 --steps 2000 --lr 1e-3 --device cuda --out
+    probe.json
     python bench/vision_probe.py --cnn --size 7 --steps 600 --out cnn.json
 """
 
@@ -55,8 +56,16 @@ class CnnProbe(torch.nn.Module):
     def __init__(self):
         super().__init__()
         act = torch.nn.GELU
-        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 8, stride=8), act(), torch.nn.Conv2d(32, 64, 3, padding=1), act(),
-                                       torch.nn.Conv2d(64, 64, 3, padding=1), act(), torch.nn.Conv2d(64, 64, 3, padding=1), act())
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 8, stride=8),
+            act(),
+            torch.nn.Conv2d(32, 64, 3, padding=1),
+            act(),
+            torch.nn.Conv2d(64, 64, 3, padding=1),
+            act(),
+            torch.nn.Conv2d(64, 64, 3, padding=1),
+            act(),
+        )
         self.head = torch.nn.Linear(64, 4)
 
     def forward(self, x):
@@ -65,7 +74,9 @@ class CnnProbe(torch.nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-dir", help="a tiny model (vlrl model build-tiny); its vision tower is trained from its weights")
+    ap.add_argument(
+        "--model-dir", help="a tiny model (vlrl model build-tiny); its vision tower is trained from its weights"
+    )
     ap.add_argument("--cnn", action="store_true", help="train the CNN reference instead")
     ap.add_argument("--size", type=int, default=9)
     ap.add_argument("--cell-px", type=int, default=16)
@@ -76,8 +87,12 @@ def main() -> None:
     ap.add_argument("--train", type=int, default=4096, help="training mazes")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--local-init", type=float, default=0.0,
-                    help="first start the tower's heads local with this strength (vlrl.models.tiny._init_local_vision_attention)")
+    ap.add_argument(
+        "--local-init",
+        type=float,
+        default=0.0,
+        help="first start the tower's heads local with this strength (vlrl.models.tiny._init_local_vision_attention)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -86,7 +101,10 @@ def main() -> None:
     dev = torch.device(args.device)
     if args.cnn:
         model = CnnProbe().to(dev)
-        to_x = lambda ims: torch.tensor(np.stack([np.asarray(i, np.float32) / 127.5 - 1 for i in ims])).permute(0, 3, 1, 2)  # noqa: E731
+
+        def to_x(ims):
+            return torch.tensor(np.stack([np.asarray(i, np.float32) / 127.5 - 1 for i in ims])).permute(0, 3, 1, 2)
+
         x, hx = to_x(images).to(dev), to_x(h_images).to(dev)
         run = lambda idx: model(x[idx])  # noqa: E731
         run_holdout = lambda: model(hx)  # noqa: E731
@@ -118,8 +136,14 @@ def main() -> None:
             with torch.no_grad():
                 pred = run_holdout() > 0
             exact = (pred == h_labels.bool()).all(1).float().mean().item()
-            curve.append({"step": step, "loss": round(loss.item(), 4), "holdout_exact": round(exact, 4),
-                          "seconds": round(time.perf_counter() - t0, 1)})
+            curve.append(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "holdout_exact": round(exact, 4),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
             print(json.dumps(curve[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

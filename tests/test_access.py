@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vlrl.access import Identities, Identity, identity_from_file, read_token_file
 from vlrl.errors import VlrlError
 
@@ -16,14 +17,17 @@ def test_token_file_is_read_and_stripped(tmp_path):
     assert read_token_file(path) == "s3cret"
 
 
-@pytest.mark.parametrize("problem,expected", [
-    ("missing", "does not exist"),
-    ("empty", "is empty"),
-    ("world-readable", "readable or writable by every user (mode 0644)"),
-    ("world-writable", "readable or writable by every user (mode 0602)"),
-    ("directory", "is not a regular file"),
-    ("two words", "more than one word"),
-])
+@pytest.mark.parametrize(
+    "problem,expected",
+    [
+        ("missing", "does not exist"),
+        ("empty", "is empty"),
+        ("world-readable", "readable or writable by every user (mode 0644)"),
+        ("world-writable", "readable or writable by every user (mode 0602)"),
+        ("directory", "is not a regular file"),
+        ("two words", "more than one word"),
+    ],
+)
 def test_bad_token_files_are_one_clear_line(tmp_path, problem, expected):
     path = tmp_path / "x.token"
     if problem == "directory":
@@ -37,7 +41,7 @@ def test_bad_token_files_are_one_clear_line(tmp_path, problem, expected):
 
 
 def test_identities_from_a_directory(tmp_path, access_dir):
-    files = access_dir( {"ann": "trainer", "bob": "approver"})
+    files = access_dir({"ann": "trainer", "bob": "approver"})
     ids = Identities.from_dir(tmp_path / "access")
     assert len(ids) == 2
     assert ids.identify(files["bob"].read_text().strip()) == Identity("bob", "approver")
@@ -48,18 +52,23 @@ def test_identities_from_a_directory(tmp_path, access_dir):
 def test_roles_are_ordered():
     trainer = Identity("ann", "trainer")
     assert trainer.may("viewer") and trainer.may("trainer") and not trainer.may("approver")
-    with pytest.raises(VlrlError, match="identity ann \\(trainer\\) may not promote: that needs the role approver or higher"):
+    with pytest.raises(
+        VlrlError, match="identity ann \\(trainer\\) may not promote: that needs the role approver or higher"
+    ):
         trainer.require("approver", "promote")
     assert Identity("root", "admin").may("approver")
 
 
-@pytest.mark.parametrize("change,expected", [
-    ("token without role", "has no role: add `carl: viewer|trainer|approver|admin`"),
-    ("role without token", "names dora but"),
-    ("unknown role", "has role 'owner'"),
-    ("same token", "have the same token"),
-    ("world-readable token", "readable or writable by every user"),
-])
+@pytest.mark.parametrize(
+    "change,expected",
+    [
+        ("token without role", "has no role: add `carl: viewer|trainer|approver|admin`"),
+        ("role without token", "names dora but"),
+        ("unknown role", "has role 'owner'"),
+        ("same token", "have the same token"),
+        ("world-readable token", "readable or writable by every user"),
+    ],
+)
 def test_bad_access_directories_are_one_clear_line(tmp_path, access_dir, change, expected):
     directory = tmp_path / "access"
     files = access_dir({"ann": "trainer", "bob": "approver"})
@@ -93,8 +102,12 @@ def test_a_directory_may_hold_only_digests_as_sha256sum_prints_them(tmp_path, ac
     files = access_dir({"ann": "trainer", "bob": "approver"})
     directory = tmp_path / "access"
     for name, path in files.items():  # the documented command, run by the shell
-        digest = subprocess.run(["sh", "-c", f'printf %s "$(cat {path})" | sha256sum | cut -d" " -f1'],
-                                capture_output=True, text=True, check=True).stdout
+        digest = subprocess.run(
+            ["sh", "-c", f'printf %s "$(cat {path})" | sha256sum | cut -d" " -f1'],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         (directory / f"{name}.sha256").write_text(digest)
         path.rename(tmp_path / path.name)  # the token leaves the shared directory with its owner
     ids = Identities.from_dir(directory)

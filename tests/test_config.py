@@ -103,9 +103,11 @@ def test_console_script_prints_one_error_line(tmp_path):
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("algo:\n  grup_size: 4\n")
-    proc = subprocess.run([sys.executable, "-m", "vlrl.cli", "config", "validate", str(bad)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vlrl.cli", "config", "validate", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
-    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and "did you mean 'algo.group_size'" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -24,7 +24,9 @@ def lint_imports(src: Path, *contracts: str) -> subprocess.CompletedProcess:
     """`lint-imports` with the project's contracts over the package under `src`."""
     exe = Path(sys.executable).with_name("lint-imports")
     if not exe.exists():
-        pytest.fail("lint-imports is not installed next to this Python; install the test extra (pip install -e '.[test]')")
+        pytest.fail(
+            "lint-imports is not installed next to this Python; install the test extra (pip install -e '.[test]')"
+        )
     args = [str(exe), str(CONFIG), "--no-cache", "--no-logo"]
     for contract in contracts:
         args += ["--contract", contract]

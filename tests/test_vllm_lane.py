@@ -15,7 +15,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
 
-NEEDS_VLLM = '''
+NEEDS_VLLM = """
 import pytest
 from vllm_lane import require_vllm
 
@@ -28,7 +28,7 @@ def test_needs_vllm():
 
 def test_skips_for_another_reason():
     pytest.skip("no GPU here")
-'''
+"""
 
 BROKEN_VLLM = 'raise RuntimeError("operator torchvision::nms does not exist")\n'
 
@@ -44,8 +44,19 @@ def run_pytest(tmp_path: Path, lane: bool, broken: bool) -> subprocess.Completed
     env["PYTHONPATH"] = os.pathsep.join(path)
     if lane:
         env["VLRL_VLLM_LANE"] = "1"
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "vllm_lane", "-p", "no:cacheprovider",
-            "-W", "ignore::pytest.PytestUnknownMarkWarning", "test_needs_vllm.py"]
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "vllm_lane",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestUnknownMarkWarning",
+        "test_needs_vllm.py",
+    ]
     return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -34,16 +34,22 @@ def require_vllm() -> types.ModuleType:
         if in_vllm_lane():
             raise  # absent or broken, it fails the test
         first = (str(exc).strip().splitlines() or [""])[0]
-        pytest.skip(f"vLLM is not usable here ({type(exc).__name__}: {first}); the vLLM lane runs this test",
-                    allow_module_level=True)
+        pytest.skip(
+            f"vLLM is not usable here ({type(exc).__name__}: {first}); the vLLM lane runs this test",
+            allow_module_level=True,
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (in_vllm_lane() and report.skipped and not hasattr(report, "wasxfail")
-            and item.get_closest_marker("vllm") is not None):
+    if (
+        in_vllm_lane()
+        and report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("vllm") is not None
+    ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         reason = reason.removeprefix("Skipped: ")
         report.outcome = "failed"

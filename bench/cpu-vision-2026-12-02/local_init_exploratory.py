@@ -1,4 +1,7 @@
-import math, torch
+import math
+
+import torch
+
 
 def init_local_vision_attention(visual, offset: int, strength: float) -> None:
     """Bias every vision attention head towards one neighbouring patch (ConViT-style)."""
@@ -20,11 +23,14 @@ def init_local_vision_attention(visual, offset: int, strength: float) -> None:
             bias[0, h] = q
             bias[1, h] = k
 
+
 def attention_probs(visual, pixels, grid):
     """Per block, per head, the attention probabilities [heads, N, N] of one image."""
     from transformers.models.qwen3_vl import modeling_qwen3_vl as M
+
     out = []
     hooks = []
+
     def hook(mod, args, kwargs):
         x = args[0] if args else kwargs["hidden_states"]
         cos, sin = kwargs["position_embeddings"]
@@ -33,9 +39,11 @@ def attention_probs(visual, pixels, grid):
         q, k = M.apply_rotary_pos_emb_vision(q, k, cos, sin)
         s = torch.einsum("nhd,mhd->hnm", q, k) * mod.scaling
         out.append(s.softmax(-1))
+
     for blk in visual.blocks:
         hooks.append(blk.attn.register_forward_pre_hook(hook, with_kwargs=True))
     with torch.no_grad():
         visual(pixels, grid_thw=grid)
-    for h in hooks: h.remove()
+    for h in hooks:
+        h.remove()
     return out

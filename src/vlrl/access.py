@@ -61,7 +61,9 @@ class Identity:
     def require(self, needed: str, action: str) -> None:
         """VlrlError naming identity, role and the role `action` needs, unless allowed."""
         if not self.may(needed):
-            raise VlrlError(f"identity {self.name} ({self.role}) may not {action}: that needs the role {needed} or higher")
+            raise VlrlError(
+                f"identity {self.name} ({self.role}) may not {action}: that needs the role {needed} or higher"
+            )
 
 
 def read_token_file(path: str | Path) -> str:
@@ -76,8 +78,10 @@ def read_token_file(path: str | Path) -> str:
     if not stat.S_ISREG(mode):
         raise VlrlError(f"token file {path} is not a regular file")
     if mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise VlrlError(f"token file {path} is readable or writable by every user (mode {stat.S_IMODE(mode):04o}); "
-                        f"run `chmod 600 {path}` and replace the token, it may have been read")
+        raise VlrlError(
+            f"token file {path} is readable or writable by every user (mode {stat.S_IMODE(mode):04o}); "
+            f"run `chmod 600 {path}` and replace the token, it may have been read"
+        )
     try:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -105,8 +109,9 @@ def read_digest_file(path: Path) -> bytes:
     except (OSError, UnicodeDecodeError) as exc:
         raise VlrlError(f"cannot read {path}: {exc}") from None
     if not text or not re.fullmatch(r"[0-9a-fA-F]{64}", text[0]):
-        raise VlrlError(f"{path} must hold the token's SHA-256 as 64 hex digits "
-                        "(printf %s \"$(cat NAME.token)\" | sha256sum)")
+        raise VlrlError(
+            f'{path} must hold the token\'s SHA-256 as 64 hex digits (printf %s "$(cat NAME.token)" | sha256sum)'
+        )
     return bytes.fromhex(text[0])
 
 
@@ -136,17 +141,20 @@ class Identities:
         self._by_digest = by_digest
 
     @classmethod
-    def single(cls, token: str, name: str = "admin") -> "Identities":
+    def single(cls, token: str, name: str = "admin") -> Identities:
         """One key, one identity with every right: `vlrl serve --api-key` as before roles existed."""
         return cls({_digest(token): Identity(name, "admin")})
 
     @classmethod
-    def from_dir(cls, directory: str | Path, roles_file: str | Path | None = None) -> "Identities":
+    def from_dir(cls, directory: str | Path, roles_file: str | Path | None = None) -> Identities:
         """Every NAME.token (or NAME.sha256) of `directory`, with its role from `roles_file`
         (default DIRECTORY/roles.yaml)."""
         directory = Path(directory)
         if not directory.is_dir():
-            raise VlrlError(f"access directory {directory} does not exist; it holds NAME.token (or NAME.sha256) files and {ROLES_FILE}")
+            raise VlrlError(
+                f"access directory {directory} does not exist; it holds NAME.token (or NAME.sha256) files and "
+                f"{ROLES_FILE}"
+            )
         roles = read_roles(roles_file or directory / ROLES_FILE)
         tokens: dict[str, Path] = {}
         for p in sorted(directory.iterdir()):
@@ -165,11 +173,16 @@ class Identities:
                 raise VlrlError(f"{path} has no role: add `{name}: viewer|trainer|approver|admin` to the roles file")
             digest = read_digest_file(path) if path.name.endswith(DIGEST_SUFFIX) else _digest(read_token_file(path))
             if digest in by_digest:
-                raise VlrlError(f"identities {by_digest[digest].name} and {name} have the same token; give each its own")
+                raise VlrlError(
+                    f"identities {by_digest[digest].name} and {name} have the same token; give each its own"
+                )
             by_digest[digest] = Identity(name, roles[name])
         missing = sorted(set(roles) - set(tokens))
         if missing:
-            raise VlrlError(f"the roles file names {', '.join(missing)} but {directory} has no {missing[0]}{TOKEN_SUFFIX} (or {DIGEST_SUFFIX})")
+            raise VlrlError(
+                f"the roles file names {', '.join(missing)} but {directory} has no {missing[0]}{TOKEN_SUFFIX} (or "
+                f"{DIGEST_SUFFIX})"
+            )
         return cls(by_digest)
 
     def add(self, token: str, identity: Identity) -> None:

@@ -54,14 +54,21 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     with Progress(console=console) as bar:
         task = bar.add_task("SFT", total=None)
         # The demo's directory is its own: a second `make demo` replaces the first one's warm start.
-        sft_dir = run_sft(config, out / "sft-adapter",
-                          lambda s, n, loss: bar.update(task, completed=s, total=n, description=f"SFT loss {loss:.3f}"),
-                          overwrite=True)
+        sft_dir = run_sft(
+            config,
+            out / "sft-adapter",
+            lambda s, n, loss: bar.update(task, completed=s, total=n, description=f"SFT loss {loss:.3f}"),
+            overwrite=True,
+        )
         sft_history = json.loads((Path(sft_dir) / "sft_history.json").read_text())
         sft_steps = len(sft_history)
         if reached_target(sft_history, config.train.sft.target_loss):  # stopped early: say so, and fill the bar
-            bar.update(task, completed=sft_steps, total=sft_steps,
-                       description=f"SFT reached its loss target {config.train.sft.target_loss} at step {sft_steps}")
+            bar.update(
+                task,
+                completed=sft_steps,
+                total=sft_steps,
+                description=f"SFT reached its loss target {config.train.sft.target_loss} at step {sft_steps}",
+            )
     phase("sft", t0)
 
     # GRPO starts where SFT ended: on the SFT model (full mode) or from the SFT adapter (LoRA mode).
@@ -71,7 +78,9 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         grpo_config.model.path, grpo_config.model.init_tiny = str(sft_dir), None
     console.rule(f"2/3 GRPO with LoRA from the SFT {'model' if full else 'adapter'}")
     t0 = time.perf_counter()
-    grpo_dir = train_with_progress(grpo_config, out / "grpo", init_adapter=None if full else str(sft_dir), console=console)
+    grpo_dir = train_with_progress(
+        grpo_config, out / "grpo", init_adapter=None if full else str(sft_dir), console=console
+    )
     phase("grpo", t0)
 
     n_eval = config.env.holdout.count
@@ -82,19 +91,25 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     else:
         models = [("base", None, None), ("sft", None, str(sft_dir)), ("grpo", None, str(grpo_dir))]
     with console.status("evaluating base, SFT and GRPO"):
-        results = evaluate_models(config, models, split="holdout", limit=n_eval, greedy=True,
-                                  out_dir=out / "eval")
+        results = evaluate_models(config, models, split="holdout", limit=n_eval, greedy=True, out_dir=out / "eval")
     phase("eval", t0)
 
     console.print(results_table(results, title=f"holdout split, {results[0].summary()['n']} tasks"))
     console.print(paired_table(results, title="paired on the same tasks (b, c: tasks only A, only B solved)"))
     summaries = {r.label: r.summary() for r in results}
     by_label = {r.label: r for r in results}
-    paired = {f"{a}_vs_{b}": pair_results(by_label[a], by_label[b]) for a, b in (("sft", "base"), ("grpo", "base"), ("grpo", "sft"))}
+    paired = {
+        f"{a}_vs_{b}": pair_results(by_label[a], by_label[b])
+        for a, b in (("sft", "base"), ("grpo", "base"), ("grpo", "sft"))
+    }
     history = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((out / "grpo" / "evals.json").read_text())
-    plot = learning_curve(history, evals, out / "learning_curve.png",
-                          baselines={"base": summaries["base"], "SFT (start)": summaries["sft"]})
+    plot = learning_curve(
+        history,
+        evals,
+        out / "learning_curve.png",
+        baselines={"base": summaries["base"], "SFT (start)": summaries["sft"]},
+    )
     gain = summaries["grpo"]["success_rate"] - summaries["sft"]["success_rate"]
     separated = summaries["grpo"]["success_low"] > summaries["sft"]["success_high"]
     report = {

@@ -11,26 +11,24 @@ from vlrl.algo.grpo import (
     aggregate_loss,
     combine_advantages,
     discounted_returns,
-    step_advantages,
-    token_advantages,
     entropy_from_logits,
     group_advantages,
     grpo_loss,
     informative_groups,
-    rare_best_share,
     kl_k3,
     masked_mean,
     masked_sum,
     policy_loss,
+    rare_best_share,
+    step_advantages,
+    token_advantages,
     token_logprobs,
 )
 from vlrl.errors import VlrlError
 
 
 def close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(
-        actual.double(), torch.tensor(expected, dtype=torch.float64), atol=atol, rtol=0
-    )
+    torch.testing.assert_close(actual.double(), torch.tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
 
 
 # --- advantages --------------------------------------------------------------------------------
@@ -216,9 +214,7 @@ def test_gspo_sequence_ratio() -> None:
     logprobs = torch.tensor([[0.1, 0.3], [-0.1, 5.0]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(2, 2, dtype=torch.float64)
     mask = torch.tensor([[1, 1], [1, 0]])
-    loss, stats = policy_loss(
-        logprobs, old, torch.tensor([1.0, 2.0]), mask, ratio_level="sequence"
-    )
+    loss, stats = policy_loss(logprobs, old, torch.tensor([1.0, 2.0]), mask, ratio_level="sequence")
     loss.backward()
     close(loss, (-1.2 - 2 * 0.9048374180359595) / 2)
     close(logprobs.grad, [[0.0, 0.0], [-0.9048374180359595, 0.0]])
@@ -270,8 +266,16 @@ def test_grpo_loss_value_and_gradient_by_hand() -> None:
     ref = torch.tensor([[-1.2, -2.0], [-0.4, float("nan")]], dtype=torch.float64)
     mask = torch.tensor([[True, True], [True, False]])
     loss, stats = grpo_loss(
-        logprobs, old, ref, torch.tensor([1.0, -0.5], dtype=torch.float64), mask,
-        eps_low=0.2, eps_high=0.2, ratio_level="token", agg="token_mean", kl_coef=0.1,
+        logprobs,
+        old,
+        ref,
+        torch.tensor([1.0, -0.5], dtype=torch.float64),
+        mask,
+        eps_low=0.2,
+        eps_high=0.2,
+        ratio_level="token",
+        agg="token_mean",
+        kl_coef=0.1,
     )
     loss.backward()
     pg = (-1.0 - 1.2 + 0.5 * 0.8187307530779818) / 3  # -0.5968782

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from vlrl.algo.grpo import (
-    entropy_from_logits, head_logprobs, kl_aggregation, rollout_correction_weights, sampler_mismatch, token_logprobs,
+    entropy_from_logits,
+    head_logprobs,
+    kl_aggregation,
+    rollout_correction_weights,
+    sampler_mismatch,
+    token_logprobs,
 )
 from vlrl.errors import VlrlError
 
@@ -21,7 +26,9 @@ def test_head_logprobs_equal_token_logprobs_and_their_gradient(chunk):
 
     full_logits = head(hidden)
     want = token_logprobs(full_logits[None], tokens[None], temperature, suppress)[0]
-    want_ent = entropy_from_logits((full_logits.float() / temperature).index_fill(-1, torch.tensor(suppress), float("-inf"))[None])[0]
+    want_ent = entropy_from_logits(
+        (full_logits.float() / temperature).index_fill(-1, torch.tensor(suppress), float("-inf"))[None]
+    )[0]
     want.sum().backward()
     want_grads = hidden.grad.clone(), head.weight.grad.clone()
     hidden.grad, head.weight.grad = None, None

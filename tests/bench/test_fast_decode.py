@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.base import build_split, make_env
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.models.loading import load_policy_model, vision_special_token_ids
 from vlrl.models.lora import apply_lora
 from vlrl.models.processor import load_processor
@@ -47,8 +47,15 @@ def parts(ci_model_dir):
 def _engine(parts, fast, **kw) -> TransformersEngine:
     model, processor, chat, _ = parts
     tok = processor.tokenizer
-    return TransformersEngine(model, tok, vision_special_token_ids(processor), eos_token_id=chat.eos_id,
-                              pad_token_id=tok.pad_token_id, fast_decode=fast, **kw)
+    return TransformersEngine(
+        model,
+        tok,
+        vision_special_token_ids(processor),
+        eos_token_id=chat.eos_id,
+        pad_token_id=tok.pad_token_id,
+        fast_decode=fast,
+        **kw,
+    )
 
 
 def _assert_same(a, b, tol=1e-5):
@@ -123,7 +130,7 @@ def test_sampled_logprobs_match_the_policy_rescoring(parts, ci_config):
     policy = Policy(model, config, vision_special_token_ids(processor), processor.tokenizer.pad_token_id, 1)
     worst = 0.0
     for lp, rescored in zip(sampled, policy.score_no_grad(seqs)):
-        worst = max(worst, float((rescored[-len(lp):] - lp).abs().max()))  # the completion's own tokens
+        worst = max(worst, float((rescored[-len(lp) :] - lp).abs().max()))  # the completion's own tokens
     assert worst < 1e-4, worst
 
 

@@ -12,8 +12,30 @@ from typer.testing import CliRunner
 from vlrl.cli import app
 from vlrl.cli.bench_cmd import load_harness
 
-TINY = ["--model", "ci", "--device", "cpu", "--dtype", "float32", "--prompts", "2", "--samples", "2",
-        "--new-tokens", "4", "--cell-px", "16", "--maze-size", "3", "--micro-batch", "2", "--warmup", "0", "--steps", "1"]
+TINY = [
+    "--model",
+    "ci",
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--prompts",
+    "2",
+    "--samples",
+    "2",
+    "--new-tokens",
+    "4",
+    "--cell-px",
+    "16",
+    "--maze-size",
+    "3",
+    "--micro-batch",
+    "2",
+    "--warmup",
+    "0",
+    "--steps",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +83,9 @@ def test_bad_options_are_one_line_errors():
     assert r.exit_code != 0 and "trl" in str(r.exception)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is a benchmark-only dependency (the bench extra)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="TRL is a benchmark-only dependency (the bench extra)"
+)
 def test_trl_runs_the_same_workload_side_by_side(tmp_path):
     out = tmp_path / "bench.json"
     r = CliRunner().invoke(app, ["bench", *TINY, "--compare", "trl", "-o", str(out)])

@@ -13,7 +13,9 @@ from vlrl.envs.maze.splits import adhoc_task
 
 
 def _trace(seed: int, responses) -> dict:
-    config = MazeEnvConfig(name="maze", layout="blocks", sizes=[9], placement="corners", max_turns=18, stop_required=True)
+    config = MazeEnvConfig(
+        name="maze", layout="blocks", sizes=[9], placement="corners", max_turns=18, stop_required=True
+    )
     env = make_env(config)
     env.reset(adhoc_task(9, seed, layout="blocks", placement="corners"))
     for respond in responses:

@@ -10,8 +10,20 @@ from tests.conftest import load_bench
 def test_cached_prefill_encodes_each_image_once_with_the_same_logits(tmp_path):
     bench = load_bench("prefill_vision_cache")
     out = tmp_path / "prefill.json"
-    result = bench.main(["--model", "ci", "--episodes", "2", "--max-turns", "4", "--model-dir", str(tmp_path / "{model}"),
-                         "--out", str(out)])
+    result = bench.main(
+        [
+            "--model",
+            "ci",
+            "--episodes",
+            "2",
+            "--max-turns",
+            "4",
+            "--model-dir",
+            str(tmp_path / "{model}"),
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text())["totals"] == result["totals"]
     uncached, cached = result["per_turn"]["uncached"], result["per_turn"]["cached"]
     assert len(uncached) == len(cached) == 4

@@ -11,8 +11,9 @@ import copy
 import functools
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -57,7 +58,7 @@ def only(kind: str) -> dict:
 # -- CRD schemas ---------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crd_schemas() -> dict[str, dict]:
     if not CRD_DIR.is_dir():
         return {}
@@ -108,7 +109,7 @@ def strict(schema: dict) -> dict:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def strict_crd_schema(kind: str) -> dict:
     """strict() of a CRD's schema, computed once (treat as read-only)."""
     return strict(crd_schema(kind))
@@ -170,8 +171,15 @@ def env_of(container: dict) -> dict[str, dict]:
 
 
 _SUFFIXES = {
-    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
 }
 
 
@@ -225,7 +233,7 @@ def _vlrl_argv(segment: list[str]) -> list[str] | None:
     if i < len(segment) and segment[i] == "vlrl":
         return segment[i:]
     if "--" in segment:
-        after = segment[segment.index("--") + 1:]
+        after = segment[segment.index("--") + 1 :]
         if after and after[0] == "vlrl":
             return after
     return None

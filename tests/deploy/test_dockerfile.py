@@ -118,15 +118,21 @@ def test_environment_for_lineage_and_offline_loading():
     )
     order = [(word, rest) for word, rest in instructions() if word in ("ARG", "ENV", "FROM")]
     last_from = max(i for i, (word, _) in enumerate(order) if word == "FROM")
-    arg_at = [i for i, (word, rest) in enumerate(order) if word == "ARG" and rest.split("=")[0] == "VLRL_CONTAINER_IMAGE"]
+    arg_at = [
+        i for i, (word, rest) in enumerate(order) if word == "ARG" and rest.split("=")[0] == "VLRL_CONTAINER_IMAGE"
+    ]
     env_at = [i for i, (word, rest) in enumerate(order) if word == "ENV" and "VLRL_CONTAINER_IMAGE=" in rest]
-    assert arg_at and min(arg_at) > last_from and min(arg_at) < min(env_at), "declare the ARG after FROM, before the ENV"
+    assert arg_at and min(arg_at) > last_from and min(arg_at) < min(env_at), (
+        "declare the ARG after FROM, before the ENV"
+    )
 
 
 def test_workdir_and_what_kuberay_needs_in_the_image():
     workdirs = args_of("WORKDIR")
     assert workdirs, "no WORKDIR"
-    assert re.search(rf"chown [^\n]*1000[^\n]* {re.escape(workdirs[-1])}\b", run_text()), "the user must own the WORKDIR"
+    assert re.search(rf"chown [^\n]*1000[^\n]* {re.escape(workdirs[-1])}\b", run_text()), (
+        "the user must own the WORKDIR"
+    )
     assert re.search(r"/opt/venv/bin:\$PATH' > /etc/profile\.d/", run_text()), (
         "KubeRay runs `bash -lc ... ray start`: put the venv on a login shell's PATH"
     )
@@ -168,8 +174,14 @@ def ignored(path: str) -> bool:
 @pytest.mark.parametrize(
     "path",
     [
-        ".venv", ".git", "runs", "src/vlrl/__pycache__", ".pytest_cache", ".hypothesis",
-        "x/model.safetensors", "vlrl.egg-info",
+        ".venv",
+        ".git",
+        "runs",
+        "src/vlrl/__pycache__",
+        ".pytest_cache",
+        ".hypothesis",
+        "x/model.safetensors",
+        "vlrl.egg-info",
     ],
 )
 def test_dockerignore_excludes(path):

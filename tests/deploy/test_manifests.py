@@ -220,7 +220,7 @@ def test_raycluster_follows_kuberay_rules():
     assert spec["rayVersion"] == _pyproject_ray_pin(), "rayVersion must be the image's Ray"
     if spec.get("authOptions", {}).get("mode") == "token":
         assert tuple(int(x) for x in spec["rayVersion"].split(".")) >= (2, 52, 0), "token auth needs Ray >= 2.52"
-    for where, container, group in ray_containers(spec):
+    for where, _container, group in ray_containers(spec):
         params = group["rayStartParams"]
         assert all(isinstance(v, str) for v in params.values()), f"{where}: rayStartParams are strings"
         assert "labels" not in params, f"{where}: KubeRay rejects rayStartParams['labels']"

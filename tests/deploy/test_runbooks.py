@@ -15,8 +15,12 @@ from typer.testing import CliRunner
 
 RUNBOOKS = ROOT / "docs" / "runbooks"
 TOPICS = {  # the situations issue 20 asks a runbook for
-    "run-diverged.md", "worker-died.md", "out-of-gpu-memory.md", "wrong-adapter-served.md",
-    "rollback-promotion.md", "resume-other-gpu-count.md",
+    "run-diverged.md",
+    "worker-died.md",
+    "out-of-gpu-memory.md",
+    "wrong-adapter-served.md",
+    "rollback-promotion.md",
+    "resume-other-gpu-count.md",
 }
 
 
@@ -59,8 +63,10 @@ def test_every_topic_has_a_page_and_the_index_lists_them():
 def test_page_gives_symptom_confirm_and_fix_with_commands(page):
     text = page.read_text()
     positions = [text.find(f"**{part}.**") for part in ("Symptom", "Confirm", "Fix")]
-    assert all(p >= 0 for p in positions) and positions == sorted(positions), f"{page.name}: Symptom, Confirm, Fix in order"
-    confirm, fix = text[positions[1]:positions[2]], text[positions[2]:]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), (
+        f"{page.name}: Symptom, Confirm, Fix in order"
+    )
+    confirm, fix = text[positions[1] : positions[2]], text[positions[2] :]
     for part, body in (("Confirm", confirm), ("Fix", fix)):
         assert fenced_blocks(body), f"{page.name}: {part} has no command block"
     assert any(page.name == where for where, _, _ in commands()), f"{page.name}: no vlrl command"
@@ -80,7 +86,6 @@ def test_help_of_every_runbook_subcommand_runs(path):
 
     result = CliRunner().invoke(app, [*path, "--help"], terminal_width=120)
     assert result.exit_code == 0 and "Usage" in result.output, (path, result.output, result.exception)
-
 
 
 def config_commands() -> list[tuple[str, list[str]]]:

@@ -8,8 +8,8 @@ import io
 import pytest
 from PIL import Image
 
-from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs import Observation, Task, build_split, make_env, registered_envs, split_version, step_all
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.errors import VlrlError
 
 
@@ -26,8 +26,15 @@ def test_task_json_round_trip_and_hash():
     assert t.params["size"] == 5
 
 
-@pytest.mark.parametrize("bad", [[], {"env": "maze"}, {"env": "maze", "split": "train", "index": "0", "seed": 0, "params": {}},
-                                 {"env": "maze", "split": "train", "index": 0, "seed": 0, "params": {}, "x": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"env": "maze"},
+        {"env": "maze", "split": "train", "index": "0", "seed": 0, "params": {}},
+        {"env": "maze", "split": "train", "index": 0, "seed": 0, "params": {}, "x": 1},
+    ],
+)
 def test_task_from_json_rejects_malformed(bad):
     with pytest.raises(VlrlError):
         Task.from_json(bad)
@@ -48,7 +55,7 @@ def test_observation_content_formats():
     prefix = "data:image/png;base64,"
     data = url[0]["image_url"]["url"]
     assert url[0]["type"] == "image_url" and data.startswith(prefix)
-    decoded = Image.open(io.BytesIO(base64.b64decode(data[len(prefix):])))
+    decoded = Image.open(io.BytesIO(base64.b64decode(data[len(prefix) :])))
     assert decoded.size == (8, 8) and decoded.convert("RGB").getpixel((0, 0)) == (255, 0, 0)
     with pytest.raises(VlrlError):
         obs.to_content("jpeg")

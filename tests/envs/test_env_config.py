@@ -37,8 +37,10 @@ class CounterEnv:
     @classmethod
     def build_split(cls, config: CounterConfig, split: str) -> list[Task]:
         seeds = getattr(config, split)
-        return [Task("toy_counter", split, i, seeds.seed_start + i, {"level": config.levels[i % len(config.levels)]})
-                for i in range(seeds.count)]
+        return [
+            Task("toy_counter", split, i, seeds.seed_start + i, {"level": config.levels[i % len(config.levels)]})
+            for i in range(seeds.count)
+        ]
 
     @classmethod
     def split_version(cls, config: CounterConfig, split: str) -> str:
@@ -105,7 +107,10 @@ def test_a_registered_env_brings_its_own_config(tmp_path):
         ("env:\n  name: maze_plan\n  layot: blocks\n", "unknown key 'env.layot'; did you mean 'env.layout'?"),
         ("env:\n  name: toy_counter\n  targt: 4\n", "unknown key 'env.targt'; did you mean 'env.target'?"),
         ("env:\n  name: toy_counter\n  sizes: [5]\n", "unknown key 'env.sizes'; known keys: name, max_turns"),
-        ("env:\n  name: toy_countr\n", "env.name = 'toy_countr': unknown environment 'toy_countr'; did you mean 'toy_counter'?"),
+        (
+            "env:\n  name: toy_countr\n",
+            "env.name = 'toy_countr': unknown environment 'toy_countr'; did you mean 'toy_counter'?",
+        ),
         ("env:\n  name: toy_counter\n  target: 0\n", "env.target = 0"),
         ("env:\n  name: toy_counter\n  holdout: {seed_start: 5}\n", "overlap"),
         ("env:\n  holdout: {sizez: [5]}\n", "unknown key 'env.holdout.sizez'; did you mean 'env.holdout.sizes'?"),
@@ -162,10 +167,14 @@ def test_the_env_commands_and_eval_tables_work_for_the_toy_env():
     from vlrl.eval.evaluate import EvalResult, episode_row, group_table, results_table
 
     runner = CliRunner()
-    listed = runner.invoke(env_app, ["split", "--env", "toy_counter", "--show", "3", "env.target=2"], terminal_width=200)
+    listed = runner.invoke(
+        env_app, ["split", "--env", "toy_counter", "--show", "3", "env.target=2"], terminal_width=200
+    )
     assert listed.exit_code == 0 and "200 tasks" in listed.output and "level 2" in listed.output, listed.output
     played = runner.invoke(env_app, ["play", "--env", "toy_counter", "--oracle", "env.target=2"])
-    assert played.exit_code == 0 and played.output.count("oracle> more") == 2 and "success: turns 3" in played.output, played.output
+    assert played.exit_code == 0 and played.output.count("oracle> more") == 2 and "success: turns 3" in played.output, (
+        played.output
+    )
     no_seed = runner.invoke(env_app, ["render", "--env", "toy_counter", "--seed", "1"])
     assert no_seed.exit_code != 0 and "makes no ad-hoc tasks" in str(no_seed.exception)
     # per-level evaluation tables, titled by the env's label
@@ -219,14 +228,19 @@ def test_a_plugin_registers_through_the_vlrl_envs_entry_point(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: plug-env\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[vlrl.envs]\nplug = plug_env\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    code = "from vlrl.config import load_config; c = load_config(None, ['env.name=plug', 'env.level=3']); print(type(c.env).__name__, c.env.level)"
+    code = (
+        "from vlrl.config import load_config; c = load_config(None, ['env.name=plug', 'env.level=3']); "
+        "print(type(c.env).__name__, c.env.level)"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.stdout.strip() == "PlugConfig 3", run.stderr
     (tmp_path / "plug_env.py").write_text("raise RuntimeError('broken plug-in')\n")
-    code = "from vlrl.envs.base import registered_envs\ntry:\n    registered_envs()\nexcept Exception as exc:\n    print(exc)"
+    code = (
+        "from vlrl.envs.base import registered_envs\ntry:\n    registered_envs()\nexcept Exception as exc:\n    "
+        "print(exc)"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert run.stdout.strip() == "env plug-in 'plug' (plug_env) failed to load: broken plug-in", run.stderr
-
 
 
 def test_an_env_without_task_groups_is_one_group():

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from vlrl.cli.env_cmd import app
 from vlrl.config import load_config
-from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs import build_split, make_env, overlapping_tasks, replay_trace, split_version
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.env import WALL_FEEDBACK
 from vlrl.envs.maze.maze import MOVES, TRANSFORMS, Maze, check_perfect, generate_maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
@@ -54,7 +54,12 @@ def _assert_block_perfect(maze: Maze) -> None:
     assert all(grid[0][c] == grid[n - 1][c] == grid[c][0] == grid[c][n - 1] == "#" for c in range(n))  # closed
     assert all((r, c) in free for r in range(1, n, 2) for c in range(1, n, 2))  # every room is free
     assert not any((r, c) in free for r in range(0, n, 2) for c in range(0, n, 2))  # pillars are walls
-    edges = {frozenset({a, (a[0] + dr, a[1] + dc)}) for a in free for dr, dc in STEP.values() if (a[0] + dr, a[1] + dc) in free}
+    edges = {
+        frozenset({a, (a[0] + dr, a[1] + dc)})
+        for a in free
+        for dr, dc in STEP.values()
+        if (a[0] + dr, a[1] + dc) in free
+    }
     assert len(free) == 2 * ((n - 1) // 2) ** 2 - 1
     assert len(edges) == len(free) - 1  # a tree: connected (below) with free - 1 edges
     assert set(_bfs(grid, maze.start)) == free
@@ -66,8 +71,12 @@ def _assert_block_perfect(maze: Maze) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(size=block_sizes, seed=seeds, placement=st.sampled_from(["corners", "random", "off_corner"]),
-       transform=st.sampled_from(TRANSFORMS))
+@given(
+    size=block_sizes,
+    seed=seeds,
+    placement=st.sampled_from(["corners", "random", "off_corner"]),
+    transform=st.sampled_from(TRANSFORMS),
+)
 def test_block_mazes_are_perfect(size, seed, placement, transform):
     maze = generate_maze(size, seed, placement=placement, min_distance=2, layout="blocks", transform=transform)
     if maze is None:
@@ -99,7 +108,7 @@ def test_reference_task_renders_at_225_px():
             assert centre == corner == (GRAY if grid[r][c] == "#" else WHITE)  # whole blocks, no lines
     gr, gc = maze.goal
     ar, ac = maze.start
-    assert (px[gr * 25:(gr + 1) * 25, gc * 25:(gc + 1) * 25] == RED).all()  # goal: a red square filling its block
+    assert (px[gr * 25 : (gr + 1) * 25, gc * 25 : (gc + 1) * 25] == RED).all()  # goal: a red square filling its block
     assert tuple(px[ar * 25 + 12, ac * 25 + 12]) == BLUE and tuple(px[ar * 25 + 2, ac * 25 + 2]) == WHITE  # a circle
     assert {maze.start, maze.goal} <= {(1, 1), (1, 7), (7, 1), (7, 7)}
     assert {tuple(c) for c in px.reshape(-1, 3)} == {WHITE, GRAY, RED, BLUE}  # no anti-aliasing
@@ -137,8 +146,12 @@ def test_oracle_is_optimal_and_the_reference_is_mostly_solvable_in_18_turns():
 
 
 @settings(max_examples=60, deadline=None)
-@given(size=block_sizes, seed=seeds, transform=st.sampled_from(TRANSFORMS),
-       placement=st.sampled_from(["corners", "random"]))
+@given(
+    size=block_sizes,
+    seed=seeds,
+    transform=st.sampled_from(TRANSFORMS),
+    placement=st.sampled_from(["corners", "random"]),
+)
 def test_block_json_round_trips_exactly(size, seed, transform, placement):
     maze = generate_maze(size, seed, transform=transform, placement=placement, min_distance=2, layout="blocks")
     if maze is None:
@@ -152,7 +165,7 @@ def test_block_json_round_trips_exactly(size, seed, transform, placement):
 def _set(data: dict, r: int, c: int, ch: str) -> dict:
     out = copy.deepcopy(data)
     row = out["blocks"][r]
-    out["blocks"][r] = row[:c] + ch + row[c + 1:]
+    out["blocks"][r] = row[:c] + ch + row[c + 1 :]
     return out
 
 
@@ -180,7 +193,9 @@ def test_block_json_rejects_malformed_and_imperfect():
         with pytest.raises(VlrlError, match=message):
             Maze.from_json(bad)
     # a thin wall (closed on both sides) between two free blocks is not a block maze
-    room = next(i for i in range(81) if bin(maze.open[i]).count("1") >= 2 and divmod(i, 9)[0] % 2 == 1 == divmod(i, 9)[1] % 2)
+    room = next(
+        i for i in range(81) if bin(maze.open[i]).count("1") >= 2 and divmod(i, 9)[0] % 2 == 1 == divmod(i, 9)[1] % 2
+    )
     side = next(s for s in (1, 2, 4, 8) if maze.open[room] & s)  # that room and one free neighbour
     neighbour = room + {1: -9, 2: 1, 4: 9, 8: -1}[side]
     masks = list(maze.open)
@@ -245,11 +260,17 @@ def test_block_episode_moves_bumps_trace_and_replay():
     assert obs.images[0].size == (225, 225)
     wall_move = next(m for m in MOVES if env.maze.move(env.pos, m) is None)
     result = env.step(f"<action>{wall_move}</action>")
-    assert result.info["feedback"] == WALL_FEEDBACK[wall_move] and result.info["bumped"] and list(env.pos) == list(env.maze.start)
+    assert (
+        result.info["feedback"] == WALL_FEEDBACK[wall_move]
+        and result.info["bumped"]
+        and list(env.pos) == list(env.maze.start)
+    )
     while not env.done:
         result = env.step(env.oracle_response())
     metrics = env.episode_metrics()
-    assert metrics["success"] == 1.0 and metrics["wall_bumps"] == 1.0 and metrics["turns"] == metrics["optimal_turns"] + 1
+    assert (
+        metrics["success"] == 1.0 and metrics["wall_bumps"] == 1.0 and metrics["turns"] == metrics["optimal_turns"] + 1
+    )
     trace = json.loads(json.dumps(env.trace()))
     assert trace["maze"]["layout"] == "blocks" and trace["task"]["params"]["layout"] == "blocks"
     assert replay_trace(trace)["matches"]
@@ -263,8 +284,12 @@ def test_block_episode_moves_bumps_trace_and_replay():
 
 def test_block_splits_are_disjoint_versioned_and_adversarial_variants_work():
     cfg = MazeEnvConfig(
-        layout="blocks", sizes=[7, 9], train={"seed_start": 0, "count": 200}, holdout={"seed_start": 1000, "count": 40},
-        adversarial={"seed_start": 2000, "count": 32}, adversarial_variants={"extra_sizes": [11]},
+        layout="blocks",
+        sizes=[7, 9],
+        train={"seed_start": 0, "count": 200},
+        holdout={"seed_start": 1000, "count": 40},
+        adversarial={"seed_start": 2000, "count": 32},
+        adversarial_variants={"extra_sizes": [11]},
     )
     train, holdout, adversarial = (build_split(cfg, s) for s in ("train", "holdout", "adversarial"))
     assert all(t.params["layout"] == "blocks" for t in [*train[:20], *holdout, *adversarial])
@@ -300,7 +325,9 @@ def test_block_ascii_view():
 def test_cli_render_and_play_blocks(tmp_path):
     runner = CliRunner()
     out = tmp_path / "maze.png"
-    result = runner.invoke(app, ["render", "env.layout=blocks", "env.sizes=[9]", "--seed", "3", "-o", str(out), "--json"])
+    result = runner.invoke(
+        app, ["render", "env.layout=blocks", "env.sizes=[9]", "--seed", "3", "-o", str(out), "--json"]
+    )
     assert result.exit_code == 0, result.output
     image = Image.open(out)
     assert image.size == (225, 225)

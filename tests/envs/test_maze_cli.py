@@ -54,7 +54,9 @@ def test_play_reads_piped_stdin():
 def test_split_lists_tasks(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("env:\n  holdout: {seed_start: 10000000, count: 7}\n")
-    result = runner.invoke(app, ["split", "--split", "holdout", "--config", str(cfg), "--show", "3"], terminal_width=200)
+    result = runner.invoke(
+        app, ["split", "--split", "holdout", "--config", str(cfg), "--show", "3"], terminal_width=200
+    )
     assert result.exit_code == 0, result.output
     assert "7 tasks" in result.output and "version" in result.output
     assert "maze size" in result.output and "moves" in result.output and "5x5" in result.output

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlrl.envs.maze.config import MazeEnvConfig, RewardConfig
 from vlrl.envs import make_env, replay_trace
+from vlrl.envs.maze.config import MazeEnvConfig, RewardConfig
 from vlrl.envs.maze.env import (
     INSTRUCTION,
     INVALID_FEEDBACK,
@@ -96,7 +96,12 @@ def test_first_observation_and_texts():
     # Every text the env shows is one of PROMPT_TEXTS: a wall bump, an invalid answer, a move, a stop.
     shown = {obs.text}
     open_move = next(m for m in MOVES if env.maze.move(env.pos, m) is not None)
-    for reply in (f"<action>{_wall_move(env)}</action>", "no action", f"<action>{open_move}</action>", "<action>stop</action>"):
+    for reply in (
+        f"<action>{_wall_move(env)}</action>",
+        "no action",
+        f"<action>{open_move}</action>",
+        "<action>stop</action>",
+    ):
         shown.add(env.step(reply).info["feedback"])
     assert INVALID_FEEDBACK in shown and shown <= set(PROMPT_TEXTS), shown - set(PROMPT_TEXTS)
 
@@ -106,7 +111,9 @@ def test_wall_bump_keeps_position():
     start = env.pos
     move = _wall_move(env)
     result = env.step(f"<action>{move}</action>")
-    assert result.info["bumped"] and result.info["feedback"] == WALL_FEEDBACK[move] == f"Cannot move {move} into a wall."
+    assert (
+        result.info["bumped"] and result.info["feedback"] == WALL_FEEDBACK[move] == f"Cannot move {move} into a wall."
+    )
     assert result.observation.text == WALL_FEEDBACK[move]
     assert env.pos == start and not result.done
     assert env.episode_metrics()["wall_bumps"] == 1
@@ -156,9 +163,14 @@ def test_end_when_lost_ends_on_the_turn_the_goal_goes_out_of_reach(stop_required
         assert slack[0] >= 3  # winnable at the start, with room for a few moves away
         results = []
         while not env.done:
-            move = _away_move(env) if any(
-                (n := env.maze.move(env.pos, m)) is not None and env.dist[n[0]][n[1]] > env._distance() for m in MOVES
-            ) else _wall_move(env)
+            move = (
+                _away_move(env)
+                if any(
+                    (n := env.maze.move(env.pos, m)) is not None and env.dist[n[0]][n[1]] > env._distance()
+                    for m in MOVES
+                )
+                else _wall_move(env)
+            )
             results.append(env.step(f"<action>{move}</action>"))
             slack.append(_slack(env))
         runs[on] = (env, results, slack)
@@ -253,8 +265,13 @@ reward_configs = st.builds(
 
 
 @settings(max_examples=40, deadline=None)
-@given(size=st.integers(3, 13), seed=st.integers(0, 2**32), rewards=reward_configs, stop_required=st.booleans(),
-       plan=st.booleans())
+@given(
+    size=st.integers(3, 13),
+    seed=st.integers(0, 2**32),
+    rewards=reward_configs,
+    stop_required=st.booleans(),
+    plan=st.booleans(),
+)
 def test_oracle_play_scores_the_maximum(size, seed, rewards, stop_required, plan):
     name = "maze_plan" if plan else "maze"
     env = make_env(MazeEnvConfig(name=name, max_turns=256, stop_required=stop_required, rewards=rewards))

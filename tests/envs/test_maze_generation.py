@@ -168,7 +168,7 @@ def test_from_json_rejects_imperfect_mazes():
     # close every passage of the goal cell (on both sides) -> not connected
     cut = copy.deepcopy(data)
     gr, gc = maze.goal
-    for (nr, nc) in maze.neighbours(maze.goal):
+    for nr, nc in maze.neighbours(maze.goal):
         back = {(-1, 0): "S", (1, 0): "N", (0, -1): "E", (0, 1): "W"}[(nr - gr, nc - gc)]
         cut["open"][nr][nc] = cut["open"][nr][nc].replace(back, "")
     cut["open"][gr][gc] = ""

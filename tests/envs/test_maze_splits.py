@@ -9,12 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vlrl.config import load_config
-from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs import Task, build_split, make_env, overlapping_tasks, split_version
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import check_perfect
 from vlrl.envs.maze.render import render
 from vlrl.envs.maze.splits import (
-    Split, layout_split, maze_bucket, maze_for_task, reserved_layouts, split_capacity, split_layouts,
+    Split,
+    layout_split,
+    maze_bucket,
+    maze_for_task,
+    reserved_layouts,
+    split_capacity,
+    split_layouts,
 )
 from vlrl.errors import VlrlError
 
@@ -38,7 +44,9 @@ def test_splits_are_deterministic_and_versioned():
         assert list(a) == list(b)
         assert a.version == split_version(cfg, split)
     assert split_version(cfg, "holdout") != split_version(small_config(sizes=[3, 7]), "holdout")
-    assert split_version(cfg, "holdout") != split_version(small_config(holdout={"seed_start": 1000, "count": 61}), "holdout")
+    assert split_version(cfg, "holdout") != split_version(
+        small_config(holdout={"seed_start": 1000, "count": 61}), "holdout"
+    )
     # seeds stay inside each split's own range
     assert [t.seed for t in build_split(cfg, "holdout")] == list(range(1000, 1060))
 
@@ -59,8 +67,10 @@ def test_layouts_make_splits_disjoint():
     assert overlapping_tasks(holdout, train) == []
     assert overlapping_tasks(adversarial, train) == []
     assert overlapping_tasks(adversarial, holdout) == []
-    layouts = {s: {maze_for_task(t).canonical_layout_hash() for t in split}
-               for s, split in (("train", train), ("holdout", holdout), ("adversarial", adversarial))}
+    layouts = {
+        s: {maze_for_task(t).canonical_layout_hash() for t in split}
+        for s, split in (("train", train), ("holdout", holdout), ("adversarial", adversarial))
+    }
     assert not layouts["train"] & layouts["holdout"] and not layouts["train"] & layouts["adversarial"]
     assert not layouts["holdout"] & layouts["adversarial"]
 
@@ -83,7 +93,10 @@ def test_reserved_share_of_3x3_layouts_is_as_documented():
     assert min(counts["holdout"], counts["adversarial"]) >= 192 / 16
     # the demo (random placement, min_distance 2) can draw its 400 distinct holdout tasks from 896
     assert split_capacity("cells", 3, "holdout", "random", 2) == 896
-    assert split_capacity("cells", 3, "train", "random", 2) + 896 + split_capacity("cells", 3, "adversarial", "random", 2) == 192 * 56
+    assert (
+        split_capacity("cells", 3, "train", "random", 2) + 896 + split_capacity("cells", 3, "adversarial", "random", 2)
+        == 192 * 56
+    )
     assert reserved_layouts("cells", 4) is None  # 100,352 layouts: bucketed by hash
 
 
@@ -109,8 +122,10 @@ def test_too_small_block_size_cannot_be_held_out():
 def test_disjoint_for_any_seeds_and_sizes(train_start, count, size):
     # 3x3 mazes have few distinct layouts, so overlaps would show up if the rule were broken.
     cfg = MazeEnvConfig(
-        sizes=[size], train={"seed_start": train_start, "count": count},
-        holdout={"seed_start": 2 * 10**6, "count": count}, adversarial={"seed_start": 3 * 10**6, "count": count},
+        sizes=[size],
+        train={"seed_start": train_start, "count": count},
+        holdout={"seed_start": 2 * 10**6, "count": count},
+        adversarial={"seed_start": 3 * 10**6, "count": count},
     )
     train = build_split(cfg, "train")
     for other in ("holdout", "adversarial"):
@@ -141,12 +156,19 @@ def test_train_split_is_lazy_and_indexable():
 
 
 def test_adversarial_variants_differ():
-    cfg = small_config(adversarial={"seed_start": 2000, "count": 32},
-                       adversarial_variants={"extra_sizes": [7]})
+    cfg = small_config(adversarial={"seed_start": 2000, "count": 32}, adversarial_variants={"extra_sizes": [7]})
     tasks = list(build_split(cfg, "adversarial"))
     variants = {t.params["variant"] for t in tasks}
-    assert variants == {"theme:dark", "theme:pastel", "theme:noise", "transform:mirror", "transform:rotate90",
-                        "transform:rotate180", "transform:rotate270", "placement:off_corner"}
+    assert variants == {
+        "theme:dark",
+        "theme:pastel",
+        "theme:noise",
+        "transform:mirror",
+        "transform:rotate90",
+        "transform:rotate180",
+        "transform:rotate270",
+        "placement:off_corner",
+    }
     assert {t.params["size"] for t in tasks} == {3, 5, 7}
     env = make_env(cfg)
     for task in tasks:
@@ -172,7 +194,8 @@ def test_bad_split_settings():
 
 
 SHIPPED_CONFIGS = [  # the maze configs (configs/gui-*.yaml: tests/envs/gui)
-    p for p in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    p
+    for p in sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
     if load_config(p).env.name in ("maze", "maze_plan")
 ]
 
@@ -193,6 +216,8 @@ def test_shipped_configs_hold_out_whole_wall_layouts(path):
         held[name] = {m.canonical_layout_hash() for m in mazes}
         assert not held[name] & train_layouts, f"{path.name}: {name} shares wall layouts with train"
     assert not held["holdout"] & held["adversarial"]
-    if env.sizes == [3] and env.layout == "cells":  # the 3x3 configs: the sample covers train's 164 layouts (24 classes)
+    if (
+        env.sizes == [3] and env.layout == "cells"
+    ):  # the 3x3 configs: the sample covers train's 164 layouts (24 classes)
         assert len(train_layouts) == 24
         assert len({maze_for_task(train[i]).layout_hash() for i in range(3000)}) == 164

@@ -8,7 +8,13 @@ import pytest
 
 from vlrl.errors import VlrlError
 from vlrl.eval.stats import (
-    PairedComparison, Proportion, intervals_overlap, mcnemar_exact_p, mean_and_stderr, pair_outcomes, wilson_interval,
+    PairedComparison,
+    Proportion,
+    intervals_overlap,
+    mcnemar_exact_p,
+    mean_and_stderr,
+    pair_outcomes,
+    wilson_interval,
 )
 
 
@@ -98,5 +104,7 @@ def test_pairing_is_by_task_key_not_position():
     b = {"t4": False, "t3": True, "t2": True, "t1": False}  # another order, same tasks
     pc = pair_outcomes(a, b)
     assert (pc.both, pc.only_a, pc.only_b, pc.neither) == (1, 2, 1, 0)
-    with pytest.raises(VlrlError, match=r"cannot pair A and B: they were evaluated on different tasks \(1 only in A, 1 only in B"):
+    with pytest.raises(
+        VlrlError, match=r"cannot pair A and B: they were evaluated on different tasks \(1 only in A, 1 only in B"
+    ):
         pair_outcomes(a, {**{k: v for k, v in b.items() if k != "t4"}, "t5": True})

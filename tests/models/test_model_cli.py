@@ -47,13 +47,35 @@ def test_help_has_examples():
 def test_pretrain_vision_writes_a_new_base_and_says_how_well_it_sees(ci_model_dir, tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "seeing"
-    result = runner.invoke(app, ["pretrain-vision", str(root / "configs" / "ci-tiny.yaml"), "-o", str(out),
-                                 f"model.path={ci_model_dir}", "env.layout=blocks", "env.sizes=[7]", "env.cell_px=16",
-                                 "runtime.torch_threads=2", "train.vision_pretrain.steps=5", "train.vision_pretrain.tasks=16",
-                                 "train.vision_pretrain.eval_tasks=4"])
+    result = runner.invoke(
+        app,
+        [
+            "pretrain-vision",
+            str(root / "configs" / "ci-tiny.yaml"),
+            "-o",
+            str(out),
+            f"model.path={ci_model_dir}",
+            "env.layout=blocks",
+            "env.sizes=[7]",
+            "env.cell_px=16",
+            "runtime.torch_threads=2",
+            "train.vision_pretrain.steps=5",
+            "train.vision_pretrain.tasks=16",
+            "train.vision_pretrain.eval_tasks=4",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert re.search(r"after 5 steps: holdout agent square exact \d+\.\d%", " ".join(result.output.split()))
     assert model_fingerprint(out) != model_fingerprint(ci_model_dir)
-    result = runner.invoke(app, ["pretrain-vision", str(root / "configs" / "ci-tiny.yaml"), "-o", str(tmp_path / "x"),
-                                 f"model.path={ci_model_dir}", "train.vision_pretrain.stepz=5"])
+    result = runner.invoke(
+        app,
+        [
+            "pretrain-vision",
+            str(root / "configs" / "ci-tiny.yaml"),
+            "-o",
+            str(tmp_path / "x"),
+            f"model.path={ci_model_dir}",
+            "train.vision_pretrain.stepz=5",
+        ],
+    )
     assert "stepz" in str(result.exception)

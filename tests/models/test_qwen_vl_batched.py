@@ -12,7 +12,10 @@ from PIL import Image
 from vlrl.envs.base import Observation
 from vlrl.models import load_policy_model
 from vlrl.models.qwen_vl_batched import (
-    BatchedQwen3VLVisionAttention, mrope_position_ids, spatial_merge_size, use_batched_vision,
+    BatchedQwen3VLVisionAttention,
+    mrope_position_ids,
+    spatial_merge_size,
+    use_batched_vision,
 )
 from vlrl.rollout.sequence import ChatFormat, collate
 
@@ -28,7 +31,9 @@ def _conversation(chat: ChatFormat, sizes: list[tuple[int, int]], seed: int):
     for turn, size in enumerate(sizes[1:], start=1):
         ids = chat.tokenizer("<action>up</action>", add_special_tokens=False)["input_ids"] + [chat.eos_id]
         seq.append_sampled(ids, [0.0] * len(ids))
-        seq.extend(chat.observation_piece(Observation([_image(*size, seed + turn)], f"turn {turn}"), response_ended=True))
+        seq.extend(
+            chat.observation_piece(Observation([_image(*size, seed + turn)], f"turn {turn}"), response_ended=True)
+        )
     return seq
 
 
@@ -41,11 +46,17 @@ def model(tiny_dir):
 def test_mrope_positions_equal_get_rope_index(model, processor, side):
     chat = ChatFormat(processor)
     # Different numbers of turns (so padding), square and non-square images (max(h, w) matters).
-    seqs = [_conversation(chat, [(48, 48)] * 3, 0), _conversation(chat, [(64, 32), (32, 64)], 5),
-            _conversation(chat, [(48, 48)], 9), _conversation(chat, [(32, 48), (48, 48), (64, 64), (48, 32)], 11)]
+    seqs = [
+        _conversation(chat, [(48, 48)] * 3, 0),
+        _conversation(chat, [(64, 32), (32, 64)], 5),
+        _conversation(chat, [(48, 48)], 9),
+        _conversation(chat, [(32, 48), (48, 48), (64, 64), (48, 32)], 11),
+    ]
     batch = collate(seqs, pad_id=0, side=side)
     expected, _ = model.model.get_rope_index(
-        batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"], image_grid_thw=batch["image_grid_thw"],
+        batch["input_ids"],
+        mm_token_type_ids=batch["mm_token_type_ids"],
+        image_grid_thw=batch["image_grid_thw"],
         attention_mask=batch["attention_mask"],
     )
     ours = mrope_position_ids(batch, spatial_merge_size(model))
@@ -118,5 +129,7 @@ def test_batched_vision_takes_the_stock_path_for_mixed_sizes(model, processor):
 def test_load_policy_model_uses_the_batched_vision_tower(tiny_dir):
     loaded = load_policy_model(tiny_dir)
     assert isinstance(loaded.model.visual.blocks[0].attn, BatchedQwen3VLVisionAttention)
-    assert isinstance(load_policy_model(tiny_dir, attn_implementation="eager").model.visual.blocks[0].attn,
-                      BatchedQwen3VLVisionAttention)  # swapped, but eager attention takes the stock path
+    assert isinstance(
+        load_policy_model(tiny_dir, attn_implementation="eager").model.visual.blocks[0].attn,
+        BatchedQwen3VLVisionAttention,
+    )  # swapped, but eager attention takes the stock path

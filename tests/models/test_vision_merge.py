@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from model_helpers import chat_inputs, maze_like_image
 
 from vlrl.errors import VlrlError
 from vlrl.models.fingerprint import model_fingerprint
@@ -13,8 +14,6 @@ from vlrl.models.loading import load_policy_model
 from vlrl.models.lora import apply_lora, load_adapter, save_adapter
 from vlrl.models.processor import load_processor
 from vlrl.models.vision_merge import merge_vision_into_base, vision_tensor_count
-
-from model_helpers import chat_inputs, maze_like_image
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,9 @@ def vision_adapter(tiny_dir, tmp_path_factory):
 
 
 def _logits(model, processor, seed: int = 0) -> torch.Tensor:
-    inputs = chat_inputs(processor, ["Where is the goal?", "Move."], [maze_like_image(64, seed), maze_like_image(64, seed + 1)])
+    inputs = chat_inputs(
+        processor, ["Where is the goal?", "Move."], [maze_like_image(64, seed), maze_like_image(64, seed + 1)]
+    )
     with torch.no_grad():
         return model(**inputs).logits.float()
 

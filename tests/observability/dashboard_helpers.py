@@ -37,7 +37,12 @@ def is_gpu_only(panel: dict) -> bool:
 
 def substitute(expr: str, run: str, range_s: int, rate_interval: str = "10s", interval: str = "1s") -> str:
     """A panel query as Grafana would send it: template variables and Grafana's interval macros filled in."""
-    for name, value in (("__rate_interval", rate_interval), ("__interval", interval), ("__range", f"{range_s}s"), ("run", run)):
+    for name, value in (
+        ("__rate_interval", rate_interval),
+        ("__interval", interval),
+        ("__range", f"{range_s}s"),
+        ("run", run),
+    ):
         expr = expr.replace("${" + name + "}", value).replace("$" + name, value)
     assert "$" not in expr, f"unsubstituted variable in {expr}"
     return expr

@@ -53,11 +53,14 @@ def test_alert_unit_tests_pass():
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("alert,old,new", [
-    ("VlrlRunStalled", "> 30 * 60", "> 60 * 60"),           # would no longer fire after 35 minutes
-    ("VlrlServeErrorRate", ") > 0.05", ") > 0.5"),         # 9% errors would pass unnoticed
-    ("VlrlGpuMemoryNearFull", "> 0.95", "> 0.99"),
-])
+@pytest.mark.parametrize(
+    "alert,old,new",
+    [
+        ("VlrlRunStalled", "> 30 * 60", "> 60 * 60"),  # would no longer fire after 35 minutes
+        ("VlrlServeErrorRate", ") > 0.05", ") > 0.5"),  # 9% errors would pass unnoticed
+        ("VlrlGpuMemoryNearFull", "> 0.95", "> 0.99"),
+    ],
+)
 def test_a_planted_threshold_change_fails_the_unit_tests(tmp_path, alert, old, new):
     text = ALERTS.read_text()
     start = text.index(f"alert: {alert}")
@@ -91,8 +94,12 @@ def exported_names() -> set[str]:
 
 def test_every_metric_an_alert_uses_is_exported():
     exported = exported_names()
-    assert {"vlrl_serve_requests_total", "vlrl_serve_request_seconds_bucket", "vlrl_restarts_total",
-            "vlrl_guard_events_total"} <= exported
+    assert {
+        "vlrl_serve_requests_total",
+        "vlrl_serve_request_seconds_bucket",
+        "vlrl_restarts_total",
+        "vlrl_guard_events_total",
+    } <= exported
     for rule in rules():
         for name in set(re.findall(r"\b(vlrl_[a-z0-9_]+)", rule["expr"])):
             assert name in exported, f"{rule['alert']} uses {name}, which vlrl does not export"
@@ -102,7 +109,9 @@ def test_every_alert_names_severity_summary_and_an_existing_runbook():
     for rule in rules():
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         assert rule["annotations"]["summary"] and rule["annotations"]["description"], rule["alert"]
-        assert (ROOT / rule["annotations"]["runbook"]).is_file(), f"{rule['alert']}: {rule['annotations']['runbook']} does not exist"
+        assert (ROOT / rule["annotations"]["runbook"]).is_file(), (
+            f"{rule['alert']}: {rule['annotations']['runbook']} does not exist"
+        )
 
 
 def test_prometheus_configs_load_the_rules():
@@ -112,5 +121,6 @@ def test_prometheus_configs_load_the_rules():
     assert in_cluster["rule_files"] == ["/etc/prometheus/rules/*.yml"]
     operator = yaml.safe_load(PROMETHEUS_RULE.read_text())
     assert operator["kind"] == "PrometheusRule"
-    assert operator["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"], \
+    assert operator["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"], (
         "deploy/k8s/monitoring/prometheusrule.yaml differs from alerts.yml: copy alerts.yml's groups into it"
+    )

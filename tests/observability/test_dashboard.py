@@ -31,7 +31,9 @@ DS = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 def test_dashboard_is_an_importable_grafana_model():
     board = dashboard()
     assert board["schemaVersion"] >= 39 and board["uid"] == "vlrl-training" and board["id"] is None
-    assert board["__inputs"] == [{**board["__inputs"][0], "name": "DS_PROMETHEUS", "type": "datasource", "pluginId": "prometheus"}]
+    assert board["__inputs"] == [
+        {**board["__inputs"][0], "name": "DS_PROMETHEUS", "type": "datasource", "pluginId": "prometheus"}
+    ]
     variables = {v["name"]: v for v in board["templating"]["list"]}
     # The datasource variable has the input's name, so ${DS_PROMETHEUS} also resolves when the JSON
     # is provisioned from a file (where Grafana ignores __inputs).
@@ -71,8 +73,19 @@ def test_rows_cover_the_issue():
     rows = [p["title"] for p in dashboard()["panels"] if p["type"] == "row"]
     assert {"Learning", "Throughput", "Where time goes", "Resources", "Restarts"} <= set(rows)
     titles = " ".join(p["title"].lower() for p in panels())
-    for word in ("reward", "success", "kl", "entropy", "tokens per second", "completions", "phase", "gpu utilisation",
-                 "gpu memory", "host memory", "restarts"):
+    for word in (
+        "reward",
+        "success",
+        "kl",
+        "entropy",
+        "tokens per second",
+        "completions",
+        "phase",
+        "gpu utilisation",
+        "gpu memory",
+        "host memory",
+        "restarts",
+    ):
         assert word in titles, word
 
 
@@ -91,7 +104,10 @@ def test_every_query_uses_exported_metrics_and_gpu_panels_are_marked():
 def test_metric_reference_in_docs_lists_exactly_the_exported_families():
     text = (ROOT / "docs" / "observability.md").read_text()
     documented = set(re.findall(r"^\| `(vlrl_[a-z_]+)`", text, flags=re.M))
-    assert documented == set(EXPOSED), (f"missing in docs: {set(EXPOSED) - documented}", f"not exported: {documented - set(EXPOSED)}")
+    assert documented == set(EXPOSED), (
+        f"missing in docs: {set(EXPOSED) - documented}",
+        f"not exported: {documented - set(EXPOSED)}",
+    )
     for name, family in EXPOSED.items():
         row = re.search(rf"^\| `{name}` \|([^\n]*)$", text, flags=re.M).group(1)
         assert family.kind in row, f"{name}: the table gives its type"
@@ -106,7 +122,9 @@ def _promtool_check(path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian's prometheus package) not installed: run scripts/setup-system.sh as root")
+@pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool (Debian's prometheus package) not installed: run scripts/setup-system.sh as root"
+)
 def test_scrape_configs_pass_promtool(tmp_path):
     # promtool insists that the serving job's token file exists; Prometheus itself starts without it
     # (that target is down until the file is there). Check a copy with a token file in place.
@@ -155,7 +173,10 @@ def test_operator_objects_match_the_plain_configs():
     port = target.rsplit(":", 1)[1]
     assert any(r.get("replacement") == f"$1:{port}" for r in scrape["spec"]["relabelings"])
     monitor = yaml.safe_load((ROOT / "deploy" / "k8s" / "monitoring" / "podmonitor.yaml").read_text())
-    assert monitor["spec"]["selector"]["matchLabels"]["ray.io/cluster"] == "vlrl" and "ray.io/cluster=vlrl" in sd["selectors"][0]["label"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"]["ray.io/cluster"] == "vlrl"
+        and "ray.io/cluster=vlrl" in sd["selectors"][0]["label"]
+    )
 
 
 def test_commands_in_the_docs_parse():
@@ -168,8 +189,12 @@ def test_commands_in_the_docs_parse():
 
     text = (ROOT / "docs" / "observability.md").read_text()
     blocks = [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M) if lang == "bash"]
-    commands = [shlex.split(line.split("#")[0]) for block in blocks for line in block.splitlines() if line.startswith("vlrl ")]
-    commands.append(shlex.split(re.search(r"`(vlrl train configs/ci-tiny.yaml[^`]*)`", text.replace("\n", " ")).group(1)))
+    commands = [
+        shlex.split(line.split("#")[0]) for block in blocks for line in block.splitlines() if line.startswith("vlrl ")
+    ]
+    commands.append(
+        shlex.split(re.search(r"`(vlrl train configs/ci-tiny.yaml[^`]*)`", text.replace("\n", " ")).group(1))
+    )
     assert {c[1] for c in commands} == {"train", "report"}
     for argv in commands:
         if argv[1] == "train":  # the config and every override must load

@@ -34,7 +34,10 @@ from vlrl.training.trainer import GRPOTrainer
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's `prometheus` is not installed: run scripts/setup-system.sh as root (make system)"),
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="Debian's `prometheus` is not installed: run scripts/setup-system.sh as root (make system)",
+    ),
 ]
 RUN = "dash-test"
 STEPS = 2
@@ -78,9 +81,16 @@ def prometheus(exporter, tmp_path):
     port = _free_port()
     log = (tmp_path / "prometheus.log").open("w")
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     api = PrometheusAPI(f"http://127.0.0.1:{port}")
     try:
@@ -144,15 +154,25 @@ def test_every_dashboard_query_returns_data(ci_config, exporter, prometheus, tmp
     # empty). One holdout evaluation (after step 1) on 4 tasks; 3 turns an episode keep it short.
     # On a GPU machine the policy trains on the GPU, and the GPU panels must show it.
     gpu = ["runtime.use_gpu=true"] if torch.cuda.is_available() else []
-    cfg = ci_config(f"train.steps={STEPS}", "train.eval_every=1", "train.eval_tasks=4", "env.max_turns=3",
-                    "algo.kl_coef=0.01", f"storage.run_name={RUN}", *gpu)
+    cfg = ci_config(
+        f"train.steps={STEPS}",
+        "train.eval_every=1",
+        "train.eval_tasks=4",
+        "env.max_turns=3",
+        "algo.kl_coef=0.01",
+        f"storage.run_name={RUN}",
+        *gpu,
+    )
     start = time.time() - 2
     published = _train_and_publish(cfg, tmp_path / RUN, exporter)
     assert published[-1]["time/logprob_s"] > 0 and published[-1]["time/optim_s"] > 0  # the update's real timings
 
     # Wait until Prometheus holds the last step, then two more scrapes for the rate windows.
     deadline = time.monotonic() + 30
-    while not any(float(s["value"][1]) == STEPS for s in prometheus.series(f'vlrl_step{{run="{RUN}"}}', 0, time.time(), instant=True)):
+    while not any(
+        float(s["value"][1]) == STEPS
+        for s in prometheus.series(f'vlrl_step{{run="{RUN}"}}', 0, time.time(), instant=True)
+    ):
         assert time.monotonic() < deadline, "Prometheus never scraped the last step"
         time.sleep(0.5)
     time.sleep(2.5)
@@ -178,9 +198,11 @@ def test_every_dashboard_query_returns_data(ci_config, exporter, prometheus, tmp
             if not result:
                 empty.append(f"{panel['title']}: {expr}")
         checked.append(f"{panel['title']}: {', '.join(counts)}")
-    print(f"\nPrometheus evaluated {sum(len(p['targets']) for p in panels() if p['title'] not in skipped)} queries "
-          f"of {len(checked)} panels over {range_s} s:")
-    print("\n".join(f"  ok   {line}" for line in checked if line.split(":")[0] not in {e.split(':')[0] for e in empty}))
+    print(
+        f"\nPrometheus evaluated {sum(len(p['targets']) for p in panels() if p['title'] not in skipped)} queries "
+        f"of {len(checked)} panels over {range_s} s:"
+    )
+    print("\n".join(f"  ok   {line}" for line in checked if line.split(":")[0] not in {e.split(":")[0] for e in empty}))
     print("\n".join(f"  GPU only, skipped on this CPU machine: {title}" for title in skipped))
     assert not empty, "queries that returned nothing:\n" + "\n".join(empty)
     assert on_gpu or len(skipped) == sum(is_gpu_only(p) for p in panels())

@@ -16,17 +16,49 @@ from vlrl.runtime.update_plan import UpdateStats, combine_update_stats
 
 # A record with the trainer's keys, as GRPOTrainer.step writes it (values made up but consistent).
 RECORD = {
-    "step": 4, "reward/mean": 0.25, "reward/std": 0.4, "episode/success": 0.25, "episode/turns": 3.0,
-    "episode/invalid_actions": 0.75, "episode/wall_bumps": 0.3, "episode/response_tokens": 21.0, "episode/truncated": 0.0,
-    "groups/dropped": 1.0, "groups/rare_best": 0.5, "train/loss": -0.01, "train/kl": 0.002, "train/entropy": 1.5, "train/clip_fraction": 0.05,
-    "train/grad_norm": 0.8, "train/lr": 1e-3, "rollout/logprob_diff_mean": 0.04, "rollout/logprob_diff_max": 0.2,
-    "rollout/kl_sampler_trainer_k3": 0.001, "time/rollout_s": 2.0, "time/generate_s": 1.5, "time/env_s": 0.25,
-    "time/update_s": 1.0, "time/logprob_s": 0.25, "time/optim_s": 0.7, "time/sync_s": 0.01, "time/step_s": 3.1,
-    "sync/transport_memory": 1.0, "sync/transport_disk": 0.0,
-    "throughput/rollout_tokens_per_s": 112.0, "throughput/train_tokens_per_s": 900.0, "throughput/episodes_per_s": 4.0,
-    "eval/success_rate": 0.5, "eval/success_low": 0.2, "eval/success_high": 0.8, "eval/n": 8.0, "eval/mean_turns": 4.0,
-    "eval/invalid_rate": 0.1, "resource/1/host_memory_used_bytes": 2e9, "resource/1/gpu/3/utilization_percent": 80.0,
-    "resource/1/gpu/3/memory_used_bytes": 5e9, "resource/1/gpu/3/memory_total_bytes": 8e10,
+    "step": 4,
+    "reward/mean": 0.25,
+    "reward/std": 0.4,
+    "episode/success": 0.25,
+    "episode/turns": 3.0,
+    "episode/invalid_actions": 0.75,
+    "episode/wall_bumps": 0.3,
+    "episode/response_tokens": 21.0,
+    "episode/truncated": 0.0,
+    "groups/dropped": 1.0,
+    "groups/rare_best": 0.5,
+    "train/loss": -0.01,
+    "train/kl": 0.002,
+    "train/entropy": 1.5,
+    "train/clip_fraction": 0.05,
+    "train/grad_norm": 0.8,
+    "train/lr": 1e-3,
+    "rollout/logprob_diff_mean": 0.04,
+    "rollout/logprob_diff_max": 0.2,
+    "rollout/kl_sampler_trainer_k3": 0.001,
+    "time/rollout_s": 2.0,
+    "time/generate_s": 1.5,
+    "time/env_s": 0.25,
+    "time/update_s": 1.0,
+    "time/logprob_s": 0.25,
+    "time/optim_s": 0.7,
+    "time/sync_s": 0.01,
+    "time/step_s": 3.1,
+    "sync/transport_memory": 1.0,
+    "sync/transport_disk": 0.0,
+    "throughput/rollout_tokens_per_s": 112.0,
+    "throughput/train_tokens_per_s": 900.0,
+    "throughput/episodes_per_s": 4.0,
+    "eval/success_rate": 0.5,
+    "eval/success_low": 0.2,
+    "eval/success_high": 0.8,
+    "eval/n": 8.0,
+    "eval/mean_turns": 4.0,
+    "eval/invalid_rate": 0.1,
+    "resource/1/host_memory_used_bytes": 2e9,
+    "resource/1/gpu/3/utilization_percent": 80.0,
+    "resource/1/gpu/3/memory_used_bytes": 5e9,
+    "resource/1/gpu/3/memory_total_bytes": 8e10,
 }
 
 
@@ -101,8 +133,10 @@ def test_guard_events_count_by_check_and_action(config):
     exporter.publish({**RECORD, "step": 5, "guard/grad_spike/skip": 1.0})
     exporter.publish({**RECORD, "step": 6, "guard/grad_spike/skip": 1.0, "guard/kl_max/stop": 1.0})
     got = {labels: v for (name, labels), v in samples(exporter.render()).items() if name == "vlrl_guard_events_total"}
-    assert got == {(("action", "skip"), ("check", "grad_spike"), ("run", "r1")): 2.0,
-                   (("action", "stop"), ("check", "kl_max"), ("run", "r1")): 1.0}
+    assert got == {
+        (("action", "skip"), ("check", "grad_spike"), ("run", "r1")): 2.0,
+        (("action", "stop"), ("check", "kl_max"), ("run", "r1")): 1.0,
+    }
 
 
 def test_missing_nan_and_non_numbers_are_absent_not_zero(config):
@@ -110,7 +144,13 @@ def test_missing_nan_and_non_numbers_are_absent_not_zero(config):
     exporter.publish({"step": 1, "reward/mean": float("nan"), "train/kl": "x", "episode/success": True})
     names = {name for name, _ in samples(exporter.render())}
     assert "vlrl_step" in names
-    assert not names & {"vlrl_reward_mean", "vlrl_kl", "vlrl_success_rate", "vlrl_eval_success_rate", "vlrl_episodes_total"}
+    assert not names & {
+        "vlrl_reward_mean",
+        "vlrl_kl",
+        "vlrl_success_rate",
+        "vlrl_eval_success_rate",
+        "vlrl_episodes_total",
+    }
 
 
 def test_gpu_metrics_exist_only_where_a_gpu_reports(config):
@@ -172,8 +212,14 @@ def test_update_timings_ride_beside_the_stats():
     # Two workers, two optimizer steps: stats add up over workers and average over steps; timings
     # are the slowest worker's, summed over steps, and stay out of the stats dict.
     partial = [
-        [{"loss": 0.25, "grad_norm": 2.0, "lr": 0.1, "time_optim_s": 1.0, "time_logprob_s": 0.5}, {"loss": 0.25, "grad_norm": 1.0, "lr": 0.1, "time_optim_s": 2.0}],
-        [{"loss": 0.5, "grad_norm": 2.0, "lr": 0.1, "time_optim_s": 1.5, "time_logprob_s": 0.75}, {"loss": 0.25, "grad_norm": 1.0, "lr": 0.1, "time_optim_s": 1.0}],
+        [
+            {"loss": 0.25, "grad_norm": 2.0, "lr": 0.1, "time_optim_s": 1.0, "time_logprob_s": 0.5},
+            {"loss": 0.25, "grad_norm": 1.0, "lr": 0.1, "time_optim_s": 2.0},
+        ],
+        [
+            {"loss": 0.5, "grad_norm": 2.0, "lr": 0.1, "time_optim_s": 1.5, "time_logprob_s": 0.75},
+            {"loss": 0.25, "grad_norm": 1.0, "lr": 0.1, "time_optim_s": 1.0},
+        ],
     ]
     stats = combine_update_stats(partial)
     assert isinstance(stats, UpdateStats)

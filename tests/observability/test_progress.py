@@ -14,17 +14,41 @@ from vlrl.training.progress import LiveProgress, QuietProgress, StepClock, forma
 from vlrl.training.trainer import StepMetrics
 
 VALUES = {
-    "reward/mean": 0.25, "reward/std": 0.4, "episode/success": 0.125, "train/kl": 0.0021, "train/entropy": 1.234,
-    "throughput/rollout_tokens_per_s": 321.0, "throughput/train_tokens_per_s": 4567.0, "throughput/episodes_per_s": 2.5,
-    "time/step_s": 3.2, "time/generate_s": 1.5, "time/env_s": 0.2, "time/logprob_s": 0.3, "time/optim_s": 0.9, "time/sync_s": 0.05,
+    "reward/mean": 0.25,
+    "reward/std": 0.4,
+    "episode/success": 0.125,
+    "train/kl": 0.0021,
+    "train/entropy": 1.234,
+    "throughput/rollout_tokens_per_s": 321.0,
+    "throughput/train_tokens_per_s": 4567.0,
+    "throughput/episodes_per_s": 2.5,
+    "time/step_s": 3.2,
+    "time/generate_s": 1.5,
+    "time/env_s": 0.2,
+    "time/logprob_s": 0.3,
+    "time/optim_s": 0.9,
+    "time/sync_s": 0.05,
 }
 EVAL = {"eval/success_rate": 0.5, "eval/success_low": 0.25, "eval/success_high": 0.75}
 
 
 def test_step_line_has_the_numbers_of_the_display():
     line = step_line(StepMetrics(3, {**VALUES, **EVAL}), total=10, eta=125)
-    for part in ("step 3/10", "reward 0.250", "success 12.5%", "kl 0.0021", "321 tok/s rollout", "4567 tok/s train",
-                 "generate 1.5s", "env 0.2s", "logprob 0.3s", "optim 0.9s", "sync 0.1s", "holdout 50.0% [25%, 75%]", "eta 2:05"):
+    for part in (
+        "step 3/10",
+        "reward 0.250",
+        "success 12.5%",
+        "kl 0.0021",
+        "321 tok/s rollout",
+        "4567 tok/s train",
+        "generate 1.5s",
+        "env 0.2s",
+        "logprob 0.3s",
+        "optim 0.9s",
+        "sync 0.1s",
+        "holdout 50.0% [25%, 75%]",
+        "eta 2:05",
+    ):
         assert part in line, (part, line)
     assert "ckpt" not in line  # phases the record lacks are not shown as 0
 
@@ -46,8 +70,17 @@ def test_live_display_shows_bar_numbers_and_holdout():
         live.on_step(StepMetrics(3, {**VALUES, **EVAL}))
         live.on_step(StepMetrics(4, VALUES))
     text = out.getvalue()
-    for part in ("GRPO", "4/5", "reward 0.250 ± 0.400", "success 12.5%", "321 tok/s rollout", "optim 0.9s",
-                 "holdout", "50.0% [25%, 75%] at step 3", "eta"):
+    for part in (
+        "GRPO",
+        "4/5",
+        "reward 0.250 ± 0.400",
+        "success 12.5%",
+        "321 tok/s rollout",
+        "optim 0.9s",
+        "holdout",
+        "50.0% [25%, 75%] at step 3",
+        "eta",
+    ):
         assert part in text, part
 
 

@@ -34,10 +34,18 @@ FIGURES = ("learning", "signals", "phases", "throughput")
 def finished_run(ci_model_dir, tmp_path_factory) -> tuple[Path, str]:
     """A finished 2-step run (evaluation after step 1 and at the end) and its quiet progress output."""
     root = tmp_path_factory.mktemp("report")
-    cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", [
-        f"model.path={ci_model_dir}", f"storage.root={root}", "runtime.backend=local", "train.steps=2",
-        "train.eval_every=1", "train.eval_tasks=4", "env.max_turns=3",
-    ])
+    cfg = load_config(
+        ROOT / "configs" / "ci-tiny.yaml",
+        [
+            f"model.path={ci_model_dir}",
+            f"storage.root={root}",
+            "runtime.backend=local",
+            "train.steps=2",
+            "train.eval_every=1",
+            "train.eval_tasks=4",
+            "env.max_turns=3",
+        ],
+    )
     out = io.StringIO()
     train_with_progress(cfg, root / "run", quiet=True, console=Console(file=out, width=160))
     return root / "run", out.getvalue()
@@ -85,10 +93,15 @@ def test_report_of_a_running_run_with_a_cut_off_line_and_lineage(finished_run, t
     run = _copy_running(finished_run[0], tmp_path / "live")
     with (run / "metrics.jsonl").open("a") as f:
         f.write('{"step": 3, "reward/mean": 0.5, "time/st')  # the trainer is writing this line right now
-    (run / "lineage.json").write_text(json.dumps({
-        "git": {"commit": "0123abcd", "dirty": False}, "base_model": {"fingerprint": "sha256:feed"},
-        "splits": [{"name": "holdout", "seeds": [10000000, 10000032]}],
-    }))
+    (run / "lineage.json").write_text(
+        json.dumps(
+            {
+                "git": {"commit": "0123abcd", "dirty": False},
+                "base_model": {"fingerprint": "sha256:feed"},
+                "splits": [{"name": "holdout", "seeds": [10000000, 10000032]}],
+            }
+        )
+    )
     data = load_run(run)
     assert [h["step"] for h in data.history] == [1, 2] and not data.finished
     assert [e["step"] for e in data.evals] == [1]  # from eval/* of step 1
@@ -118,11 +131,27 @@ def test_a_run_without_steps_yet(tmp_path):
 def test_evaluations_saved_before_task_groups_show_their_per_size_success(tmp_path):
     # evals.json as runs wrote it before task groups: per-size success under `success_by_size`, no group_label
     (tmp_path / "config.yaml").write_text("train:\n  steps: 2\n")
-    (tmp_path / "evals.json").write_text(json.dumps([{
-        "step": 2, "label": "step 2", "split": "holdout", "decoding": "greedy", "n": 8, "successes": 3,
-        "success_rate": 0.375, "success_low": 0.137, "success_high": 0.694, "mean_turns": 4.0, "invalid_rate": 0.25,
-        "success_by_size": {"3": 0.75, "5": 0.0}, "env": "maze",
-    }]))
+    (tmp_path / "evals.json").write_text(
+        json.dumps(
+            [
+                {
+                    "step": 2,
+                    "label": "step 2",
+                    "split": "holdout",
+                    "decoding": "greedy",
+                    "n": 8,
+                    "successes": 3,
+                    "success_rate": 0.375,
+                    "success_low": 0.137,
+                    "success_high": 0.694,
+                    "mean_turns": 4.0,
+                    "invalid_rate": 0.25,
+                    "success_by_size": {"3": 0.75, "5": 0.0},
+                    "env": "maze",
+                }
+            ]
+        )
+    )
     table = write_report(tmp_path).read_text().split("<h2>Evaluations</h2>")[1].split("</table>")[0]
     assert "<th>success by size</th>" in table, table
     assert re.findall(r"<tr><td>(\d+)</td>", table) == ["2"] and "<td>3: 75.0%, 5: 0.0%</td>" in table, table
@@ -154,7 +183,9 @@ def test_bad_input_is_one_clear_error_and_keeps_what_exists(finished_run, tmp_pa
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's `chromium` is not installed: run scripts/setup-system.sh as root (make system)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's `chromium` is not installed: run scripts/setup-system.sh as root (make system)"
+)
 def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     """The page as a browser draws it: a screenshot that is not blank (plots, tables, text).
 
@@ -164,8 +195,18 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
 
     page = write_report(finished_run[0], tmp_path / "report.html")
     shot = tmp_path / "shot.png"
-    argv = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-extensions",
-            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,3600", f"--screenshot={shot}", page.as_uri()]
+    argv = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--disable-extensions",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1280,3600",
+        f"--screenshot={shot}",
+        page.as_uri(),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         log, _ = proc.communicate(timeout=120)

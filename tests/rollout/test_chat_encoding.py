@@ -35,12 +35,15 @@ def _observations(config_path: str, overrides: list[str], episodes: int):
     return out
 
 
-@pytest.mark.parametrize("config_path,overrides", [
-    ("configs/demo-cpu.yaml", []),
-    ("configs/gpu-maze9.yaml", ["model.init_tiny=ci"]),
-    ("configs/gui-cpu.yaml", []),
-    ("configs/gui-cpu.yaml", ["env.levels=[2]", "env.width=128", "env.height=96"]),  # not square
-])
+@pytest.mark.parametrize(
+    "config_path,overrides",
+    [
+        ("configs/demo-cpu.yaml", []),
+        ("configs/gpu-maze9.yaml", ["model.init_tiny=ci"]),
+        ("configs/gui-cpu.yaml", []),
+        ("configs/gui-cpu.yaml", ["env.levels=[2]", "env.width=128", "env.height=96"]),  # not square
+    ],
+)
 def test_direct_pieces_equal_the_processors(processor, config_path, overrides):
     direct, reference = ChatFormat(processor), ChatFormat(processor)
     reference._direct = False  # always the processor's call

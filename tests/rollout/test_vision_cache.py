@@ -141,8 +141,9 @@ def test_cache_bound_is_respected_and_results_stay_exact(parts):
 def _engine(parts, **kw) -> TransformersEngine:
     model, processor, chat, _ = parts
     tok = processor.tokenizer
-    return TransformersEngine(model, tok, vision_special_token_ids(processor), eos_token_id=chat.eos_id,
-                              pad_token_id=tok.pad_token_id, **kw)
+    return TransformersEngine(
+        model, tok, vision_special_token_ids(processor), eos_token_id=chat.eos_id, pad_token_id=tok.pad_token_id, **kw
+    )
 
 
 @pytest.mark.parametrize("through_update_adapter", [True, False])
@@ -234,8 +235,13 @@ def test_models_without_the_pieces_keep_their_own_forward(parts):
     decoder._cache_problem = "stub"
     prompts = list(parts[3])
     out = _prefill(decoder, prompts, parts[1].tokenizer.pad_token_id)
-    assert decoder.vision_stats["encoded"] == sum(len(p.pixel_values) for p in prompts) and not decoder.vision_cache.entries
-    _assert_same_prefill(out, _prefill(_StaticDecoder(model, vision_cache_mb=0), prompts, parts[1].tokenizer.pad_token_id))
+    assert (
+        decoder.vision_stats["encoded"] == sum(len(p.pixel_values) for p in prompts)
+        and not decoder.vision_cache.entries
+    )
+    _assert_same_prefill(
+        out, _prefill(_StaticDecoder(model, vision_cache_mb=0), prompts, parts[1].tokenizer.pad_token_id)
+    )
 
 
 def test_deepstack_features_as_one_tensor_per_layer_give_the_same_prefill(parts, monkeypatch):

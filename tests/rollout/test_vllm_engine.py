@@ -1,7 +1,8 @@
 """The vLLM engine (CPU build) against the transformers engine: tokens, log-probs, adapter sync.
 
 Tests marked `vllm` run in the vLLM lane (`scripts/test-vllm.sh`, `.venv-vllm`), where a broken
-vLLM fails them; elsewhere they skip where vLLM is not usable (tests/vllm_lane.py). One vLLM engine and one transformers worker are shared by the module;
+vLLM fails them; elsewhere they skip where vLLM is not usable (tests/vllm_lane.py). One vLLM engine and one transformers
+worker are shared by the module;
 each test first puts the adapter it needs into both (`_set_adapter`).
 
 Observed on 2 CPU cores, float32 (3 adapters x 8 prompts, 4 six-turn episodes each): greedy
@@ -40,13 +41,21 @@ def _worker_and_engine(ci_model_dir, *overrides: str, kv_cache_memory_mb: int = 
     from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
     from vlrl.training.worker import Worker
 
-    cfg = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "runtime.backend=local",
-                                               "rollout.engine=transformers", *overrides])
+    cfg = load_config(
+        "configs/ci-tiny.yaml",
+        [f"model.path={ci_model_dir}", "runtime.backend=local", "rollout.engine=transformers", *overrides],
+    )
     worker = Worker(cfg, total_optimizer_steps=8)
     engine = VLLMEngine(
-        ci_model_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
-        lora_config=vllm_lora_config(worker.model), max_model_len=cfg.rollout.max_model_len,
-        max_images=cfg.env.max_turns, kv_cache_memory_mb=kv_cache_memory_mb, seed=0,
+        ci_model_dir,
+        worker.processor.tokenizer,
+        worker.suppress,
+        eos_token_id=worker.chat.eos_id,
+        lora_config=vllm_lora_config(worker.model),
+        max_model_len=cfg.rollout.max_model_len,
+        max_images=cfg.env.max_turns,
+        kv_cache_memory_mb=kv_cache_memory_mb,
+        seed=0,
     )
     return worker, engine
 
@@ -114,7 +123,9 @@ def test_multi_turn_episodes_match_transformers_token_for_token(pair):
     tasks = [tasks[i] for i in range(2)]
     runs = {}
     for name, eng in (("transformers", worker.engine), ("vllm", engine)):
-        runs[name] = run_episodes(eng, worker.chat, worker.config.env, tasks, 1, GREEDY, worker.config.rollout.max_model_len)
+        runs[name] = run_episodes(
+            eng, worker.chat, worker.config.env, tasks, 1, GREEDY, worker.config.rollout.max_model_len
+        )
     hf, vl = runs["transformers"], runs["vllm"]
     assert max(len(e.sequence.images) for e in vl) >= 3  # really multi-turn, several images per prompt
     worst = 0.0
@@ -157,7 +168,7 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution(pair):
     finally:
         worker.config.rollout.temperature = 1.0
     worst = 0.0
-    for seq, lp, comp in zip(seqs, rescored, sampled):
+    for _seq, lp, comp in zip(seqs, rescored, sampled):
         n = len(comp.token_ids)
         worst = max(worst, float((lp[-n:] - torch.tensor(comp.logprobs)).abs().max()))
     assert worst < LOGPROB_TOL, worst
@@ -170,8 +181,9 @@ def test_after_an_optimizer_step_vllm_serves_the_updated_policy(pair):
     tasks = build_split(worker.config.env, "train")
     # Episodes sampled by vLLM (its log-probs become the update's old log-probs' reference).
     short = worker.config.env.model_copy(update={"max_turns": 2})  # a cheap update
-    episodes = run_episodes(engine, worker.chat, short, [tasks[0]], 4, worker.sampling_params(seed=5),
-                            worker.config.rollout.max_model_len)
+    episodes = run_episodes(
+        engine, worker.chat, short, [tasks[0]], 4, worker.sampling_params(seed=5), worker.config.rollout.max_model_len
+    )
     prompts = _first_prompts(worker, 3)
     before = engine.generate(prompts, GREEDY)
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(episodes))]
@@ -225,15 +237,24 @@ def test_disk_transport_serves_fresh_adapters_and_cleans_up(pair, ci_model_dir):
 
     worker, _ = pair
     engine = VLLMEngine(
-        ci_model_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
-        lora_config=vllm_lora_config(worker.model), max_model_len=512, max_images=2, kv_cache_memory_mb=32,
+        ci_model_dir,
+        worker.processor.tokenizer,
+        worker.suppress,
+        eos_token_id=worker.chat.eos_id,
+        lora_config=vllm_lora_config(worker.model),
+        max_model_len=512,
+        max_images=2,
+        kv_cache_memory_mb=32,
         adapter_transport="disk",
     )
     try:
         prompts = _first_prompts(worker, 2)
         for k, seed in enumerate([20, 21, 20]):
             _set_adapter(worker, engine, seed=seed, version=k + 1)
-            assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+            assert (
+                _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY))
+                < LOGPROB_TOL
+            )
         root = engine._tmp_root
         assert root is not None and [p.name for p in root.iterdir()] == ["adapter-3"]
     finally:
@@ -332,9 +353,13 @@ def test_a_failing_in_memory_load_falls_back_to_files_for_good(pair, monkeypatch
         assert engine.adapter_transport == "disk"
         assert any("transport: disk" in r.message for r in caplog.records)
         assert str(engine._tmp_root).startswith("/dev/shm") or not __import__("os").path.isdir("/dev/shm")
-        assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        assert (
+            _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        )
         _set_adapter(worker, engine, seed=51, version=51)  # later versions go through files directly
-        assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        assert (
+            _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        )
     finally:
         engine.adapter_transport = "memory"  # the module's other tests expect the in-memory path
 
@@ -355,15 +380,22 @@ def test_split_adapter_served_by_plain_vllm_is_the_trained_policy(vision_pair, c
     base_dir, adapter_dir = merge_vision_into_base(ci_model_dir, saved, tmp_path / "split")
     lm_config = json.loads((adapter_dir / "adapter_config.json").read_text())
     engine = VLLMEngine(
-        base_dir, worker.processor.tokenizer, worker.suppress, eos_token_id=worker.chat.eos_id,
-        lora_config={k: lm_config[k] for k in ("r", "lora_alpha", "target_modules")}, max_model_len=1024,
-        max_images=2, kv_cache_memory_mb=32,
+        base_dir,
+        worker.processor.tokenizer,
+        worker.suppress,
+        eos_token_id=worker.chat.eos_id,
+        lora_config={k: lm_config[k] for k in ("r", "lora_alpha", "target_modules")},
+        max_model_len=1024,
+        max_images=2,
+        kv_cache_memory_mb=32,
     )
     try:
         engine.update_adapter(load_file(str(adapter_dir / "adapter_model.safetensors")), 1)
         assert engine._vision_base is None  # nothing merged by the engine: plain vLLM LoRA
         prompts = _first_prompts(worker, 4)
-        assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        assert (
+            _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
+        )
     finally:
         engine.close()
     assert model_fingerprint(base_dir) != model_fingerprint(ci_model_dir)

@@ -33,7 +33,14 @@ from vlrl.runtime.jobs import JobsClient, dashboard_address, parse_env, prepare_
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CI_CONFIG = ROOT / "configs" / "ci-tiny.yaml"
-CLIENT_VARS = ("RAY_ADDRESS", "RAY_JOB_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+CLIENT_VARS = (
+    "RAY_ADDRESS",
+    "RAY_JOB_ADDRESS",
+    "RAY_API_SERVER_ADDRESS",
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+)
 
 
 def free_port() -> int:
@@ -63,8 +70,14 @@ class JobsHead:
 
     def vlrl(self, *args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run the venv's `vlrl` script as a separate process."""
-        return subprocess.run([str(BIN / "vlrl"), *args], env=env or self.client_env(), capture_output=True,
-                              text=True, timeout=timeout, cwd=ROOT)
+        return subprocess.run(
+            [str(BIN / "vlrl"), *args],
+            env=env or self.client_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +85,48 @@ def jobs_head():
     """A token-authenticated Ray head on 127.0.0.1 for this module's tests."""
     temp = Path(tempfile.mkdtemp(prefix="vlrlj-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     token = secrets.token_hex(32)
-    ports = {name: free_port() for name in ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
-                                            "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
-                                            "node-manager-port", "object-manager-port")}
+    ports = {
+        name: free_port()
+        for name in (
+            "port",
+            "dashboard-port",
+            "ray-client-server-port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+            "node-manager-port",
+            "object-manager-port",
+        )
+    }
     env = {k: v for k, v in os.environ.items() if k not in CLIENT_VARS}
     # Without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 Ray swaps 127.0.0.1 for the host's IP and the GCS,
     # raylet and agents listen on every interface, --node-ip-address notwithstanding.
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.update(
+        RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"
+    )
     # Jobs run their entrypoint (`vlrl train ...`) with the head's PATH: like a cluster image with
     # vlrl installed, the venv's bin must be on it even when the tests run without activating it.
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    command = [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
-               "--dashboard-host", "127.0.0.1", "--num-cpus", "2", "--object-store-memory", str(250 * 1024**2),
-               "--temp-dir", str(temp / "ray"), "--include-log-monitor", "false", "--disable-usage-stats"]
+    command = [
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--dashboard-host",
+        "127.0.0.1",
+        "--num-cpus",
+        "2",
+        "--object-store-memory",
+        str(250 * 1024**2),
+        "--temp-dir",
+        str(temp / "ray"),
+        "--include-log-monitor",
+        "false",
+        "--disable-usage-stats",
+    ]
     command += [f"--{name}={port}" for name, port in ports.items()]
     log = open(temp / "ray-start.log", "w")
     head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -137,8 +179,14 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 
 
 def test_prepare_submission_resolves_the_config(ci_model_dir, tmp_path):
-    job = prepare_submission(CI_CONFIG, [f"model.path={ci_model_dir}", f"storage.root={tmp_path}", "train.steps=3"],
-                             name="my run", resume="/fsx/ckpts", upload_code=True, env={"NCCL_DEBUG": "INFO"})
+    job = prepare_submission(
+        CI_CONFIG,
+        [f"model.path={ci_model_dir}", f"storage.root={tmp_path}", "train.steps=3"],
+        name="my run",
+        resume="/fsx/ckpts",
+        upload_code=True,
+        env={"NCCL_DEBUG": "INFO"},
+    )
     config = yaml.safe_load(job.config_yaml)
     assert config["train"]["steps"] == 3 and config["model"]["path"] == str(ci_model_dir)
     assert job.submission_id.startswith("my-run-") and config["storage"]["run_name"] == job.submission_id
@@ -183,8 +231,15 @@ def test_addresses_and_job_env_are_checked(monkeypatch):
 @pytest.mark.slow
 def test_submitted_job_runs_to_completion_after_the_cli_exits(jobs_head, ci_model_dir, tmp_path):
     started = time.monotonic()
-    submit = jobs_head.vlrl("submit", str(CI_CONFIG), f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}",
-                            "train.steps=1", "--address", jobs_head.address)
+    submit = jobs_head.vlrl(
+        "submit",
+        str(CI_CONFIG),
+        f"model.path={ci_model_dir}",
+        f"storage.root={tmp_path / 'runs'}",
+        "train.steps=1",
+        "--address",
+        jobs_head.address,
+    )
     assert submit.returncode == 0, submit.stderr
     assert time.monotonic() - started < 20  # returns at once; it does not wait for the training
     job_id = submit.stdout.strip()
@@ -210,8 +265,12 @@ def test_submitted_job_runs_to_completion_after_the_cli_exits(jobs_head, ci_mode
 
 def test_head_listens_on_loopback_only(jobs_head):
     head = psutil.Process(jobs_head.pid)
-    listening = {conn.laddr.ip for proc in [head, *head.children(recursive=True)]
-                 for conn in proc.net_connections("inet") if conn.status == psutil.CONN_LISTEN}
+    listening = {
+        conn.laddr.ip
+        for proc in [head, *head.children(recursive=True)]
+        for conn in proc.net_connections("inet")
+        if conn.status == psutil.CONN_LISTEN
+    }
     assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
 
 
@@ -232,7 +291,9 @@ def test_requests_without_the_token_are_refused(jobs_head, tmp_path):
 
 def test_bad_input_gives_one_clear_line(jobs_head):
     # RAY_AUTH_MODE=token without a token is what a user who forgot the export has.
-    missing = one_error_line(jobs_head.vlrl("jobs", "list", env=jobs_head.client_env(token=None, RAY_AUTH_MODE="token")))
+    missing = one_error_line(
+        jobs_head.vlrl("jobs", "list", env=jobs_head.client_env(token=None, RAY_AUTH_MODE="token"))
+    )
     assert "requires a token: set RAY_AUTH_TOKEN" in missing and jobs_head.address in missing
     wrong = one_error_line(jobs_head.vlrl("jobs", "list", env=jobs_head.client_env(token="not-the-token")))
     assert "rejected the token from RAY_AUTH_TOKEN" in wrong
@@ -241,10 +302,16 @@ def test_bad_input_gives_one_clear_line(jobs_head):
     started = time.monotonic()
     unreachable = one_error_line(jobs_head.vlrl("jobs", "list", "--address", closed))
     assert time.monotonic() - started < 15
-    assert f"cannot reach the Ray dashboard at {closed}" in unreachable and "8265" in unreachable and "port-forward" in unreachable
+    assert (
+        f"cannot reach the Ray dashboard at {closed}" in unreachable
+        and "8265" in unreachable
+        and "port-forward" in unreachable
+    )
     gcs = one_error_line(jobs_head.vlrl("jobs", "list", "--address", f"127.0.0.1:{jobs_head.gcs_port}"))
     assert "8265" in gcs
-    assert "use --address http://HEAD:8265" in one_error_line(jobs_head.vlrl("jobs", "list", "--address", "ray://127.0.0.1:10001"))
+    assert "use --address http://HEAD:8265" in one_error_line(
+        jobs_head.vlrl("jobs", "list", "--address", "ray://127.0.0.1:10001")
+    )
 
     assert "no job 'no-such-job'" in one_error_line(jobs_head.vlrl("jobs", "status", "no-such-job"))
     assert "no job 'no-such-job'" in one_error_line(jobs_head.vlrl("jobs", "logs", "no-such-job", "--follow"))
@@ -252,8 +319,15 @@ def test_bad_input_gives_one_clear_line(jobs_head):
 
 @pytest.mark.slow
 def test_stop_ends_a_long_running_job(jobs_head, ci_model_dir, tmp_path):
-    submit = jobs_head.vlrl("submit", str(CI_CONFIG), f"model.path={ci_model_dir}", f"storage.root={tmp_path}",
-                            "train.steps=1000", "--name", "long")
+    submit = jobs_head.vlrl(
+        "submit",
+        str(CI_CONFIG),
+        f"model.path={ci_model_dir}",
+        f"storage.root={tmp_path}",
+        "train.steps=1000",
+        "--name",
+        "long",
+    )
     assert submit.returncode == 0, submit.stderr
     job_id = submit.stdout.strip()
     client = JobsClient(jobs_head.address, jobs_head.token)

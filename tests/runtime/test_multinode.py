@@ -13,9 +13,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from ray_helpers import two_node_cluster  # noqa: E402
+
 from vlrl.config import load_config  # noqa: E402
 from vlrl.training.trainer import GRPOTrainer  # noqa: E402
-from ray_helpers import two_node_cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,10 +29,18 @@ def two_nodes():
 
 def test_two_node_cluster_trains(two_nodes, ci_model_dir, tmp_path):
     assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-    cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", [
-        f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}", "train.steps=2", "train.eval_tasks=4",
-        "runtime.num_workers=2", "runtime.placement_strategy=STRICT_SPREAD", "runtime.placement_timeout_s=60",
-    ])
+    cfg = load_config(
+        ROOT / "configs" / "ci-tiny.yaml",
+        [
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path / 'runs'}",
+            "train.steps=2",
+            "train.eval_tasks=4",
+            "runtime.num_workers=2",
+            "runtime.placement_strategy=STRICT_SPREAD",
+            "runtime.placement_timeout_s=60",
+        ],
+    )
     with GRPOTrainer(cfg, tmp_path / "runs" / "two-nodes") as trainer:
         trainer.setup()
         assert len(set(trainer.worker.node_ids)) == 2  # one worker on each node

@@ -22,18 +22,29 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from vlrl.config import load_config  # noqa: E402
-from vlrl.training.trainer import GRPOTrainer  # noqa: E402
 from ray_helpers import two_node_cluster  # noqa: E402
 from run_compare import same, step_numbers  # noqa: E402
 
+from vlrl.config import load_config  # noqa: E402
+from vlrl.training.trainer import GRPOTrainer  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-RUN = ["train.steps=3", "train.checkpoint_every=1", "train.keep_checkpoints=3", "env.max_turns=2", "rollout.max_new_tokens=4",
-       "train.eval_tasks=2", "runtime.torch_threads=1", "runtime.placement_timeout_s=180"]
+RUN = [
+    "train.steps=3",
+    "train.checkpoint_every=1",
+    "train.keep_checkpoints=3",
+    "env.max_turns=2",
+    "rollout.max_new_tokens=4",
+    "train.eval_tasks=2",
+    "runtime.torch_threads=1",
+    "runtime.placement_timeout_s=180",
+]
 
 
 def _config(model_dir, root, *overrides):
-    return load_config(ROOT / "configs" / "ci-tiny.yaml", [f"model.path={model_dir}", f"storage.root={root}", *RUN, *overrides])
+    return load_config(
+        ROOT / "configs" / "ci-tiny.yaml", [f"model.path={model_dir}", f"storage.root={root}", *RUN, *overrides]
+    )
 
 
 # restarts differ by design between a killed run and the reference
@@ -147,13 +158,19 @@ def test_killed_workers_are_replaced_and_the_run_ends_as_if_nothing_happened(ref
     events = [json.loads(line) for line in (run / "run-events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["step"], e["restarts"]) for e in events] == [("restart", 1, 1), ("restart", 1, 2)]
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000001", "step-000002", "step-000003"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "latest",
+        "step-000001",
+        "step-000002",
+        "step-000003",
+    ]
 
 
 def test_no_restart_beyond_max_restarts(ci_model_dir, tmp_path):
-    from vlrl.errors import VlrlError
-    from vlrl.errors import WorkerDiedError
+    from vlrl.errors import VlrlError, WorkerDiedError
 
     trainer = GRPOTrainer(_config(ci_model_dir, tmp_path, "runtime.max_restarts=0"), tmp_path / "run")
-    with pytest.raises(VlrlError, match=r"^worker 1 died during update; not restarting again \(runtime.max_restarts=0\)$"):
+    with pytest.raises(
+        VlrlError, match=r"^worker 1 died during update; not restarting again \(runtime.max_restarts=0\)$"
+    ):
         trainer.recover(WorkerDiedError("worker 1 died during update"))

@@ -32,10 +32,19 @@ def no_ray(monkeypatch):
 
 def test_cli_train_runs_on_a_local_ray_instance(no_ray, ci_model_dir, tmp_path):
     runs = tmp_path / "runs"
-    result = CliRunner().invoke(app, [
-        "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
-        "storage.run_name=on-ray", "train.steps=2", "train.eval_tasks=4", "--quiet",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={runs}",
+            "storage.run_name=on-ray",
+            "train.steps=2",
+            "train.eval_tasks=4",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = runs / "on-ray"
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
@@ -49,9 +58,17 @@ def test_wrong_address_is_one_line_and_fast(no_ray, ci_model_dir, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start = time.perf_counter()
-    result = CliRunner().invoke(app, [
-        "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={tmp_path}", "--address", f"127.0.0.1:{port}",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path}",
+            "--address",
+            f"127.0.0.1:{port}",
+        ],
+    )
     assert isinstance(result.exception, VlrlError)
     assert "cannot reach a Ray cluster at 127.0.0.1" in str(result.exception) and "\n" not in str(result.exception)
     assert time.perf_counter() - start < 15

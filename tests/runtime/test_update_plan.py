@@ -18,8 +18,13 @@ from vlrl.runtime.worker_group import rank_seed
 
 @settings(max_examples=60, deadline=None)
 @given(
-    n=st.integers(1, 40), world=st.integers(1, 5), micro=st.integers(1, 4), micro_per_mini=st.integers(1, 4),
-    epochs=st.integers(1, 3), seed=st.integers(0, 10_000), agg=st.sampled_from(["token_mean", "seq_mean_token_mean"]),
+    n=st.integers(1, 40),
+    world=st.integers(1, 5),
+    micro=st.integers(1, 4),
+    micro_per_mini=st.integers(1, 4),
+    epochs=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+    agg=st.sampled_from(["token_mean", "seq_mean_token_mean"]),
 )
 def test_plans_cover_each_mini_batch_once_with_equal_pass_counts(n, world, micro, micro_per_mini, epochs, seed, agg):
     algo = AlgoConfig(mini_batch_size=micro * micro_per_mini, micro_batch_size=micro, ppo_epochs=epochs, loss_agg=agg)
@@ -51,7 +56,7 @@ def test_one_worker_plan_is_the_single_process_order():
     for _ in range(2):
         order = list(range(6))
         rng.shuffle(order)
-        expected += [[order[m:m + 4][k:k + 2] for k in range(0, len(order[m:m + 4]), 2)] for m in range(0, 6, 4)]
+        expected += [[order[m : m + 4][k : k + 2] for k in range(0, len(order[m : m + 4]), 2)] for m in range(0, 6, 4)]
     assert plan.steps == expected and plan.indices == list(range(6)) and plan.denominators == [20, 10, 20, 10]
 
 

@@ -19,10 +19,10 @@ import torch
 ray = pytest.importorskip("ray")
 
 from vlrl.config import load_config  # noqa: E402
-from vlrl.runtime.cluster import apply_auth_settings  # noqa: E402
 from vlrl.envs.base import build_split  # noqa: E402
 from vlrl.errors import VlrlError  # noqa: E402
 from vlrl.runtime import distributed  # noqa: E402
+from vlrl.runtime.cluster import apply_auth_settings  # noqa: E402
 from vlrl.runtime.worker_group import RayWorkerGroup  # noqa: E402
 from vlrl.training.worker import Worker  # noqa: E402
 
@@ -30,8 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # 3 tasks x G=3 = 9 episodes; mini-batches of 8 then 1, so in the second one worker 1 has nothing
 # and runs a zero-weight pass; two epochs (workers hold the union of their shares) and a KL term
 # (reference passes with the adapter disabled).
-UPDATE = ["algo.group_size=3", "algo.tasks_per_step=3", "algo.mini_batch_size=8", "algo.micro_batch_size=4",
-          "algo.ppo_epochs=2", "algo.kl_coef=0.05", "train.lr=0.01"]
+UPDATE = [
+    "algo.group_size=3",
+    "algo.tasks_per_step=3",
+    "algo.mini_batch_size=8",
+    "algo.micro_batch_size=4",
+    "algo.ppo_epochs=2",
+    "algo.kl_coef=0.05",
+    "train.lr=0.01",
+]
 
 
 def _config(model_dir, root, *overrides):

@@ -49,20 +49,28 @@ def _stand_in_app() -> Starlette:
 
     async def load(request: Request):
         body = await request.json()
-        request.app.state.openai_serving_models.lora_requests[body["lora_name"]] = SimpleNamespace(lora_path=body["lora_path"])
+        request.app.state.openai_serving_models.lora_requests[body["lora_name"]] = SimpleNamespace(
+            lora_path=body["lora_path"]
+        )
         return JSONResponse({"loaded": body["lora_name"]})
 
     async def admin_only(request: Request):
         return JSONResponse({"done": True})
 
     app = Starlette(
-        routes=[Route("/v1/completions", completions, methods=["POST"]),
-                Route("/v1/load_lora_adapter", load, methods=["POST"]),
-                Route("/reset_prefix_cache", admin_only, methods=["POST"])],
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/load_lora_adapter", load, methods=["POST"]),
+            Route("/reset_prefix_cache", admin_only, methods=["POST"]),
+        ],
         middleware=[Middleware(routing.RoutingMiddleware)],
     )
-    app.state.openai_serving_models = SimpleNamespace(lora_requests={
-        "maze:v1": SimpleNamespace(lora_path="/adapters/v1"), "maze:v2": SimpleNamespace(lora_path="/adapters/v2")})
+    app.state.openai_serving_models = SimpleNamespace(
+        lora_requests={
+            "maze:v1": SimpleNamespace(lora_path="/adapters/v1"),
+            "maze:v2": SimpleNamespace(lora_path="/adapters/v2"),
+        }
+    )
     return app
 
 
@@ -88,8 +96,12 @@ def server(access_dir, tmp_path, monkeypatch):
         assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
         time.sleep(0.05)
     try:
-        yield SimpleNamespace(url=f"http://127.0.0.1:{port}", files=files, token={n: f.read_text().strip() for n, f in files.items()},
-                              audit=audit)
+        yield SimpleNamespace(
+            url=f"http://127.0.0.1:{port}",
+            files=files,
+            token={n: f.read_text().strip() for n, f in files.items()},
+            audit=audit,
+        )
     finally:
         uv.should_exit = True
         thread.join(10)
@@ -114,7 +126,9 @@ def _audit(server) -> list[dict]:
 def test_every_identity_reads_and_queries_unknown_tokens_get_401(server):
     for name in ROLES:
         assert _call(server.url, "GET", "/v1/vlrl/routes", server.token[name])[0] == 200
-        status, body = _call(server.url, "POST", "/v1/completions", server.token[name], {"model": "maze", "prompt": "hi"})
+        status, body = _call(
+            server.url, "POST", "/v1/completions", server.token[name], {"model": "maze", "prompt": "hi"}
+        )
         assert (status, body["model"]) == (200, "maze:v1")  # the public name routed to its version
     assert _call(server.url, "GET", "/v1/vlrl/routes", "wrong-token")[0] == 401
     assert _call(server.url, "GET", "/v1/vlrl/routes", None)[0] == 401
@@ -123,13 +137,22 @@ def test_every_identity_reads_and_queries_unknown_tokens_get_401(server):
 
 def test_only_approvers_change_what_is_served_and_every_attempt_is_audited(server):
     for name in ("vic", "tara"):
-        with pytest.raises(VlrlError, match=f"identity {name} \\({ROLES[name]}\\) may not POST /v1/vlrl/routes: that needs the role approver"):
+        with pytest.raises(
+            VlrlError,
+            match=f"identity {name} \\({ROLES[name]}\\) may not POST /v1/vlrl/routes: that needs the role approver",
+        ):
             ServeClient(server.url, server.token[name]).route("maze", "maze:v2")
     assert ServeClient(server.url, server.token["vic"]).state()["routes"] == {"maze": "maze:v1"}  # nothing changed
     assert ServeClient(server.url, server.token["abe"]).route("maze", "maze:v2") == "maze:v1"
     result = rollback_adapter(server.url, server.token["ada"], "maze")
     assert (result.previous, result.target) == ("maze:v2", "maze:v1")
-    status, _ = _call(server.url, "POST", "/v1/load_lora_adapter", server.token["tara"], {"lora_name": "maze:v3", "lora_path": "/a/v3"})
+    status, _ = _call(
+        server.url,
+        "POST",
+        "/v1/load_lora_adapter",
+        server.token["tara"],
+        {"lora_name": "maze:v3", "lora_path": "/a/v3"},
+    )
     assert status == 403
     entries = [(e["identity"], e["role"], e["path"], e["decision"], e.get("target")) for e in _audit(server)]
     assert entries == [
@@ -145,7 +168,10 @@ def test_only_approvers_change_what_is_served_and_every_attempt_is_audited(serve
 def test_other_mutating_paths_need_admin(server):
     assert _call(server.url, "POST", "/reset_prefix_cache", server.token["abe"])[0] == 403
     assert _call(server.url, "POST", "/reset_prefix_cache", server.token["ada"])[0] == 200
-    assert [(e["identity"], e["needs"], e["status"]) for e in _audit(server)] == [("abe", "admin", 403), ("ada", "admin", 200)]
+    assert [(e["identity"], e["needs"], e["status"]) for e in _audit(server)] == [
+        ("abe", "admin", 403),
+        ("ada", "admin", 200),
+    ]
 
 
 def test_metrics_count_requests_by_model_and_status(server):
@@ -158,12 +184,19 @@ def test_metrics_count_requests_by_model_and_status(server):
     assert _call(server.url, "GET", "/vlrl/metrics", None)[0] == 401  # like every path but the probes
     status, text = _call(server.url, "GET", "/vlrl/metrics", viewer)
     assert status == 200
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     assert samples[("vlrl_serve_requests_total", (("model", "maze"), ("status", "200")))] == 3
     assert samples[("vlrl_serve_requests_total", (("model", "maze"), ("status", "500")))] == 1
-    assert samples[("vlrl_serve_requests_total", (("model", "-"), ("status", "200")))] == 1  # unknown names: one bounded label
-    assert samples[("vlrl_serve_requests_total", (("model", "-"), ("status", "401")))] == 2  # bad token, and /vlrl/metrics without one
+    assert (
+        samples[("vlrl_serve_requests_total", (("model", "-"), ("status", "200")))] == 1
+    )  # unknown names: one bounded label
+    assert (
+        samples[("vlrl_serve_requests_total", (("model", "-"), ("status", "401")))] == 2
+    )  # bad token, and /vlrl/metrics without one
     assert samples[("vlrl_serve_request_seconds_count", (("model", "maze"),))] == 4
     assert 0 < samples[("vlrl_serve_request_seconds_sum", (("model", "maze"),))] < 10
     assert samples[("vlrl_serve_route_info", (("name", "maze"), ("target", "maze:v1")))] == 1
@@ -177,7 +210,9 @@ def _refusal(result) -> str:
 
 def test_endpoint_cli_acts_with_a_token_file_and_refuses_bad_ones(server, tmp_path):
     ServeClient(server.url, server.token["abe"]).route("maze", "maze:v2")
-    refused = runner.invoke(cli, ["endpoint", "rollback", "--url", server.url, "--name", "maze", "--api-key-file", str(server.files["vic"])])
+    refused = runner.invoke(
+        cli, ["endpoint", "rollback", "--url", server.url, "--name", "maze", "--api-key-file", str(server.files["vic"])]
+    )
     assert "identity vic (viewer) may not POST /v1/vlrl/routes" in _refusal(refused)
     loose = tmp_path / "loose.token"
     loose.write_text(server.token["abe"] + "\n")
@@ -185,11 +220,23 @@ def test_endpoint_cli_acts_with_a_token_file_and_refuses_bad_ones(server, tmp_pa
     empty = tmp_path / "empty.token"
     empty.write_text("")
     empty.chmod(0o600)
-    for bad, expected in ((loose, "readable or writable by every user"), (tmp_path / "none.token", "does not exist"), (empty, "is empty")):
-        out = runner.invoke(cli, ["endpoint", "rollback", "--url", server.url, "--name", "maze", "--api-key-file", str(bad)])
+    for bad, expected in (
+        (loose, "readable or writable by every user"),
+        (tmp_path / "none.token", "does not exist"),
+        (empty, "is empty"),
+    ):
+        out = runner.invoke(
+            cli, ["endpoint", "rollback", "--url", server.url, "--name", "maze", "--api-key-file", str(bad)]
+        )
         message = _refusal(out)
         assert expected in message and "\n" not in message
     assert ServeClient(server.url, server.token["vic"]).state()["routes"] == {"maze": "maze:v2"}  # nothing changed
-    ok = runner.invoke(cli, ["endpoint", "rollback", "--url", server.url, "--name", "maze", "--api-key-file", str(server.files["abe"])])
+    ok = runner.invoke(
+        cli, ["endpoint", "rollback", "--url", server.url, "--name", "maze", "--api-key-file", str(server.files["abe"])]
+    )
     assert ok.exit_code == 0 and "maze: maze:v2 -> maze:v1" in ok.output, (ok.output, ok.exception)
-    assert [(e["identity"], e["decision"]) for e in _audit(server)] == [("abe", "allowed"), ("vic", "refused"), ("abe", "allowed")]
+    assert [(e["identity"], e["decision"]) for e in _audit(server)] == [
+        ("abe", "allowed"),
+        ("vic", "refused"),
+        ("abe", "allowed"),
+    ]

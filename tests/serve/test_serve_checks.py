@@ -34,8 +34,22 @@ def adapters(ci_model_dir, tmp_path_factory):
 
 
 def test_base_mismatch_refuses_to_start_naming_both_fingerprints(ci_model_dir, adapters):
-    r = runner.invoke(app, ["serve", "--base", str(ci_model_dir), "--adapter", f"good={adapters['good']}",
-                            "--adapter", f"maze={adapters['other']}", "--api-key", "k", "--port", "18999"])
+    r = runner.invoke(
+        app,
+        [
+            "serve",
+            "--base",
+            str(ci_model_dir),
+            "--adapter",
+            f"good={adapters['good']}",
+            "--adapter",
+            f"maze={adapters['other']}",
+            "--api-key",
+            "k",
+            "--port",
+            "18999",
+        ],
+    )
     assert r.exit_code != 0
     message = str(r.exception)
     assert isinstance(r.exception, VlrlError), r.exception
@@ -79,8 +93,14 @@ def test_vllm_command_runs_the_module_and_keeps_the_key_off_the_command_line(ci_
     from vlrl.serve.adapters import adapter_spec
     from vlrl.serve.server import ServeOptions, server_env, vllm_command
 
-    options = ServeOptions(base=ci_model_dir, adapters=[adapter_spec("maze", adapters["good"])], api_key="s3cret-key",
-                           port=18001, max_model_len=1024, kv_cache_mb=64)
+    options = ServeOptions(
+        base=ci_model_dir,
+        adapters=[adapter_spec("maze", adapters["good"])],
+        api_key="s3cret-key",
+        port=18001,
+        max_model_len=1024,
+        kv_cache_mb=64,
+    )
     argv = vllm_command(options, python="python")
     assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "s3cret-key" not in " ".join(argv)
@@ -88,8 +108,10 @@ def test_vllm_command_runs_the_module_and_keeps_the_key_off_the_command_line(ci_
     assert options_of["--middleware"] == "vlrl.serve.routing.RoutingMiddleware"
     assert options_of["--kv-cache-memory-bytes"] == str(64 << 20) and options_of["--max-lora-rank"] == "8"
     assert options_of["--dtype"] == "float32"  # the checkpoint's: vLLM's "auto" would compute in 16 bits
-    assert json.loads(options_of["--lora-modules"]) == {"name": adapter_spec("maze", adapters["good"]).internal_name,
-                                                        "path": str(adapters["good"].resolve())}
+    assert json.loads(options_of["--lora-modules"]) == {
+        "name": adapter_spec("maze", adapters["good"]).internal_name,
+        "path": str(adapters["good"].resolve()),
+    }
     for extra in (["--api-server-count=2"], ["--api-key", "x"]):
         options.extra_args = extra
         with pytest.raises(VlrlError):
@@ -102,11 +124,10 @@ def test_vllm_command_runs_the_module_and_keeps_the_key_off_the_command_line(ci_
 def test_serve_modules_import_without_vllm_and_say_so_when_it_is_missing(ci_model_dir, adapters):
     import importlib.util
 
-    from vlrl.serve import server
-
     # The CLI module and the routing middleware import without vLLM (this lane has none).
     import vlrl.cli.serve_cmd  # noqa: F401
     import vlrl.serve.routing  # noqa: F401
+    from vlrl.serve import server
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here; the missing-vLLM message is checked in the main lane")
@@ -128,15 +149,26 @@ def test_identities_are_checked_before_the_server_starts(ci_model_dir, adapters,
     assert isinstance(r.exception, VlrlError) and "not both" in str(r.exception)
 
 
-def test_with_identities_the_child_gets_the_tokens_dir_and_no_single_key(ci_model_dir, adapters, access_dir, tmp_path, monkeypatch):
+def test_with_identities_the_child_gets_the_tokens_dir_and_no_single_key(
+    ci_model_dir, adapters, access_dir, tmp_path, monkeypatch
+):
     from vlrl.serve.adapters import adapter_spec
     from vlrl.serve.server import ServeOptions, server_env
 
     access_dir({"abe": "approver"})
     monkeypatch.setenv("VLLM_API_KEY", "inherited")  # must not reach vLLM: it would refuse the identities' tokens
-    options = ServeOptions(base=ci_model_dir, adapters=[adapter_spec("maze", adapters["good"])], api_key=None,
-                           tokens_dir=tmp_path / "access", audit_log=tmp_path / "audit.jsonl", watch_token="w")
+    options = ServeOptions(
+        base=ci_model_dir,
+        adapters=[adapter_spec("maze", adapters["good"])],
+        api_key=None,
+        tokens_dir=tmp_path / "access",
+        audit_log=tmp_path / "audit.jsonl",
+        watch_token="w",
+    )
     env = server_env(options, "sha256:abc")
     assert "VLLM_API_KEY" not in env
     assert env["VLRL_SERVE_TOKENS_DIR"] == str((tmp_path / "access").resolve())
-    assert env["VLRL_SERVE_AUDIT_LOG"] == str((tmp_path / "audit.jsonl").resolve()) and env["VLRL_SERVE_WATCH_TOKEN"] == "w"
+    assert (
+        env["VLRL_SERVE_AUDIT_LOG"] == str((tmp_path / "audit.jsonl").resolve())
+        and env["VLRL_SERVE_WATCH_TOKEN"] == "w"
+    )

@@ -73,8 +73,10 @@ def _sft_adapter(config_overrides: list[str], out: Path) -> Path:
     from vlrl.config import load_config
     from vlrl.training.sft import run_sft
 
-    cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", config_overrides + [
-        "train.sft.episodes=32", "train.sft.epochs=2", "train.sft.lr=5e-3"])
+    cfg = load_config(
+        ROOT / "configs" / "ci-tiny.yaml",
+        config_overrides + ["train.sft.episodes=32", "train.sft.epochs=2", "train.sft.lr=5e-3"],
+    )
     return run_sft(cfg, out)
 
 
@@ -117,17 +119,43 @@ def served(ci_model_dir, tmp_path_factory):
     model_name = registry.register(adapter_a)["name"]  # v1, alias candidate
     # An adapter trained on other base weights (the recorded fingerprint is all that differs).
     other = shutil.copytree(adapter_a, tmp / "other-base")
-    (other / "vlrl_adapter.json").write_text('{"base_fingerprint": "sha256:' + "1" * 64 + '", "rank": 8, "alpha": 16, "format": 1}')
+    (other / "vlrl_adapter.json").write_text(
+        '{"base_fingerprint": "sha256:' + "1" * 64 + '", "rank": 8, "alpha": 16, "format": 1}'
+    )
 
     key_file = tmp / "api-key"
     key_file.write_text(KEY + "\n")
     key_file.chmod(0o600)  # a key file readable by every user is refused
     port = _free_port()
     log = tmp / "serve.log"
-    argv = [sys.executable, "-m", "vlrl.cli", "serve", "--base", str(ci_model_dir), "--adapter", f"maze={adapter_a}",
-            "--registry", f"{model_name}@candidate", "--registry-uri", uri, "--watch", "1",
-            "--host", "127.0.0.1", "--port", str(port), "--api-key-file", str(key_file),
-            "--max-model-len", "1024", "--kv-cache-mb", "64", "--max-images", "8"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlrl.cli",
+        "serve",
+        "--base",
+        str(ci_model_dir),
+        "--adapter",
+        f"maze={adapter_a}",
+        "--registry",
+        f"{model_name}@candidate",
+        "--registry-uri",
+        uri,
+        "--watch",
+        "1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-key-file",
+        str(key_file),
+        "--max-model-len",
+        "1024",
+        "--kv-cache-mb",
+        "64",
+        "--max-images",
+        "8",
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=tmp)
     url = f"http://127.0.0.1:{port}"
@@ -138,8 +166,17 @@ def served(ci_model_dir, tmp_path_factory):
             assert time.monotonic() < deadline, "server not ready in 600 s:\n" + log.read_text()[-3000:]
             time.sleep(1)
         yield SimpleNamespace(
-            url=url, process=process, log=log, config=config, registry=registry, model_name=model_name,
-            a=adapter_a, b=adapter_b, other=other, spec_a=adapter_spec("maze", adapter_a), spec_b=adapter_spec("maze", adapter_b),
+            url=url,
+            process=process,
+            log=log,
+            config=config,
+            registry=registry,
+            model_name=model_name,
+            a=adapter_a,
+            b=adapter_b,
+            other=other,
+            spec_a=adapter_spec("maze", adapter_a),
+            spec_b=adapter_spec("maze", adapter_b),
         )
     finally:
         if process.poll() is None:
@@ -157,15 +194,24 @@ def test_probes_are_open_and_everything_else_needs_the_key(served):
     url = served.url
     assert _status(url + "/health") == 200 and _status(url + "/vlrl/ready") == 200
     # vLLM's own --api-key leaves /invocations (chat), /adapters (load/unload), /tokenize ... open.
-    for path, method in [("/v1/models", "GET"), ("/v1/chat/completions", "POST"), ("/invocations", "POST"),
-                         ("/adapters", "POST"), ("/adapters/maze", "DELETE"), ("/tokenize", "POST"),
-                         ("/v1/vlrl/routes", "GET"), ("/v1/load_lora_adapter", "POST"), ("/metrics", "GET")]:
+    for path, method in [
+        ("/v1/models", "GET"),
+        ("/v1/chat/completions", "POST"),
+        ("/invocations", "POST"),
+        ("/adapters", "POST"),
+        ("/adapters/maze", "DELETE"),
+        ("/tokenize", "POST"),
+        ("/v1/vlrl/routes", "GET"),
+        ("/v1/load_lora_adapter", "POST"),
+        ("/metrics", "GET"),
+    ]:
         body = b"{}" if method == "POST" else None
         assert _status(url + path, method, body=body) == 401, path
         assert _status(url + path, method, key="wrong", body=body) == 401, path
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).chat.completions.create(
-            model="maze", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+            model="maze", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+        )
     assert _status(url + "/v1/models", key=KEY) == 200
 
 
@@ -174,7 +220,13 @@ def test_models_list_the_base_the_versions_and_the_public_names(served):
 
     models = {m.id: m for m in openai_client(served.url, KEY).models.list().data}
     candidate = f"{served.model_name}-candidate"
-    assert {"maze", served.spec_a.internal_name, candidate, f"{candidate}:v1", Path(served.config.model.path).name} <= set(models)
+    assert {
+        "maze",
+        served.spec_a.internal_name,
+        candidate,
+        f"{candidate}:v1",
+        Path(served.config.model.path).name,
+    } <= set(models)
     assert models["maze"].parent == served.spec_a.internal_name
 
 
@@ -193,8 +245,11 @@ def test_an_adapter_of_another_base_is_refused_at_runtime(served):
     with pytest.raises(VlrlError, match="409.*is a route"):
         client.load("maze", served.b)  # a version named like the route would be unreachable
     with pytest.raises(VlrlError, match="409.*instead of load_inplace"):  # running requests would switch weights
-        client._call("POST", "/v1/load_lora_adapter", {"lora_name": served.spec_a.internal_name, "lora_path": str(served.b),
-                                                       "load_inplace": True})
+        client._call(
+            "POST",
+            "/v1/load_lora_adapter",
+            {"lora_name": served.spec_a.internal_name, "lora_path": str(served.b), "load_inplace": True},
+        )
     after = client.state()
     assert after["routes"] == before["routes"] and after["adapters"] == before["adapters"]
 
@@ -207,8 +262,10 @@ def test_swap_and_rollback_under_concurrent_load_fail_no_request(served):
 
     client = openai.OpenAI(base_url=served.url + "/v1", api_key=KEY, max_retries=0)  # a retry would hide a failure
     env = make_env(served.config.env)
-    messages = [{"role": "system", "content": env.system_prompt},
-                {"role": "user", "content": env.reset(build_split(served.config.env, "train")[0]).to_content("data_url")}]
+    messages = [
+        {"role": "system", "content": env.system_prompt},
+        {"role": "user", "content": env.reset(build_split(served.config.env, "train")[0]).to_content("data_url")},
+    ]
     records: list[tuple[float, float, str]] = []  # (start, end, served by) or error text
     errors: list[str] = []
     stop = threading.Event()
@@ -282,18 +339,23 @@ def test_served_prompts_are_the_tokens_the_training_engine_builds(served):
     env = make_env(served.config.env)
     obs = env.reset(build_split(served.config.env, "holdout")[1])
     sequence = chat.prompt(env.system_prompt, obs)
-    messages = [{"role": "system", "content": [{"type": "text", "text": env.system_prompt}]},
-                {"role": "user", "content": obs.to_content("data_url")}]
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": env.system_prompt}]},
+        {"role": "user", "content": obs.to_content("data_url")},
+    ]
     for answer in ["<action>up</action>", "nonsense", "<action>right</action>"]:
-        reply = client.chat.completions.create(model="maze", messages=messages, max_tokens=1, temperature=0,
-                                               extra_body={"return_token_ids": True})
+        reply = client.chat.completions.create(
+            model="maze", messages=messages, max_tokens=1, temperature=0, extra_body={"return_token_ids": True}
+        )
         assert reply.prompt_token_ids == sequence.token_ids
         ids = chat.tokenizer(answer, add_special_tokens=False)["input_ids"] + [chat.eos_id]
         sequence.append_sampled(ids, [0.0] * len(ids))
         step = env.step(answer)
         sequence.extend(chat.observation_piece(step.observation, response_ended=True))
-        messages += [{"role": "assistant", "content": [{"type": "text", "text": answer}]},
-                     {"role": "user", "content": step.observation.to_content("data_url")}]
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": answer}]},
+            {"role": "user", "content": step.observation.to_content("data_url")},
+        ]
 
 
 def test_play_matches_offline_evaluation_with_greedy_decoding(served):
@@ -332,8 +394,10 @@ def test_a_second_env_plays_through_the_server_unchanged(served, ci_model_dir):
     from vlrl.eval.protocol import evaluate_models
     from vlrl.serve.play import play_episodes
 
-    config = load_config(ROOT / "configs" / "gui-cpu.yaml", [
-        f"model.path={ci_model_dir}", f"storage.root={served.config.storage.root}", "env.max_turns=1"])
+    config = load_config(
+        ROOT / "configs" / "gui-cpu.yaml",
+        [f"model.path={ci_model_dir}", f"storage.root={served.config.storage.root}", "env.max_turns=1"],
+    )
     n = 3
     tasks = [build_split(config.env, "holdout")[i] for i in range(n)]
     (offline,) = evaluate_models(config, [("base", None, None)], split="holdout", limit=n)
@@ -346,9 +410,27 @@ def test_a_second_env_plays_through_the_server_unchanged(served, ci_model_dir):
 
 def test_cli_play_prints_the_eval_table(served, ci_model_dir):
     r = subprocess.run(
-        [sys.executable, "-m", "vlrl.cli", "play", "--url", served.url, "--model", "maze", "--split", "holdout", "-n", "1",
-         "-c", str(ROOT / "configs" / "ci-tiny.yaml"), f"model.path={ci_model_dir}"],
-        env={**os.environ, "VLRL_API_KEY": KEY}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "vlrl.cli",
+            "play",
+            "--url",
+            served.url,
+            "--model",
+            "maze",
+            "--split",
+            "holdout",
+            "-n",
+            "1",
+            "-c",
+            str(ROOT / "configs" / "ci-tiny.yaml"),
+            f"model.path={ci_model_dir}",
+        ],
+        env={**os.environ, "VLRL_API_KEY": KEY},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "success [95% CI]" in r.stdout and "maze (served)" in r.stdout

@@ -25,10 +25,23 @@ def tracked_run(ci_model_dir, tmp_path_factory):
     from vlrl.training.trainer import GRPOTrainer
 
     root = tmp_path_factory.mktemp("tracked") / "runs"
-    cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", ci_overrides(
-        ci_model_dir, root, "train.steps=2", "train.checkpoint_every=1", "train.eval_tasks=2", "env.max_turns=3",
-        "algo.group_size=2", "algo.tasks_per_step=1", "algo.mini_batch_size=2", "algo.micro_batch_size=2",
-        "tracking.enabled=true", "storage.run_name=grpo"))
+    cfg = load_config(
+        ROOT / "configs" / "ci-tiny.yaml",
+        ci_overrides(
+            ci_model_dir,
+            root,
+            "train.steps=2",
+            "train.checkpoint_every=1",
+            "train.eval_tasks=2",
+            "env.max_turns=3",
+            "algo.group_size=2",
+            "algo.tasks_per_step=1",
+            "algo.mini_batch_size=2",
+            "algo.micro_batch_size=2",
+            "tracking.enabled=true",
+            "storage.run_name=grpo",
+        ),
+    )
     run_dir = root / "grpo"
     steps, during = [], []
 
@@ -41,8 +54,17 @@ def tracked_run(ci_model_dir, tmp_path_factory):
             trainer.setup()
             adapter = trainer.train()
     lineage = read_lineage(run_dir)
-    return SimpleNamespace(config=cfg, root=root, run_dir=run_dir, adapter=adapter, db=root / "mlflow.db",
-                           run_id=lineage["tracking"]["run_id"], lineage=lineage, start_lineage=during[0], steps=steps)
+    return SimpleNamespace(
+        config=cfg,
+        root=root,
+        run_dir=run_dir,
+        adapter=adapter,
+        db=root / "mlflow.db",
+        run_id=lineage["tracking"]["run_id"],
+        lineage=lineage,
+        start_lineage=during[0],
+        steps=steps,
+    )
 
 
 @pytest.fixture
@@ -51,7 +73,9 @@ def reg_config(ci_model_dir, tmp_path):
     from vlrl.config import load_config
 
     def make(*overrides: str):
-        return load_config(ROOT / "configs" / "ci-tiny.yaml",
-                           ci_overrides(ci_model_dir, tmp_path / "runs", "registry.lock_timeout_s=0.5", *overrides))
+        return load_config(
+            ROOT / "configs" / "ci-tiny.yaml",
+            ci_overrides(ci_model_dir, tmp_path / "runs", "registry.lock_timeout_s=0.5", *overrides),
+        )
 
     return make

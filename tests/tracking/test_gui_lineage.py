@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_gui_runs_lineage_and_registered_model_come_from_the_gui_env(ci_model_dir, reg_config, tmp_path):
-    gui = load_config(ROOT / "configs" / "gui-cpu.yaml", [
-        f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}", "runtime.backend=local"])
+    gui = load_config(
+        ROOT / "configs" / "gui-cpu.yaml",
+        [f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}", "runtime.backend=local"],
+    )
     lineage = collect_lineage(gui, tmp_path / "runs" / "gui-run")
 
     data = lineage["data"]
@@ -31,9 +33,15 @@ def test_a_gui_runs_lineage_and_registered_model_come_from_the_gui_env(ci_model_
     assert (data["levels"], data["screen"], data["distractors"], data["theme"]) == ([1], [96, 96], [2, 4], "light")
     for name in SPLITS:
         split = getattr(gui.env, name)
-        assert data["splits"][name] == {"seed_start": split.seed_start, "seed_end": split.seed_start + split.count,
-                                        "count": split.count, "version": split_version(gui.env, name)}, name
-    assert data["splits"]["holdout"]["seed_start"] == 10000000 and data["splits"]["holdout"]["count"] == 400  # configs/gui-cpu.yaml
+        assert data["splits"][name] == {
+            "seed_start": split.seed_start,
+            "seed_end": split.seed_start + split.count,
+            "count": split.count,
+            "version": split_version(gui.env, name),
+        }, name
+    assert (
+        data["splits"]["holdout"]["seed_start"] == 10000000 and data["splits"]["holdout"]["count"] == 400
+    )  # configs/gui-cpu.yaml
     spec = {"env": "gui", **GuiEnv.reward_spec(gui.env)}
     assert spec["rewards"]["misclick"] == -0.05 and spec["stop_required"] is False and spec["max_turns"] == 2
     assert lineage["rewards"] == {**spec, "hash": canonical_hash(spec)}
@@ -52,6 +60,12 @@ def test_a_gui_runs_lineage_and_registered_model_come_from_the_gui_env(ci_model_
     assert model.tags["env"] == "gui" and model.tags["base_fingerprint"] == base
     tags = registry.show(gui_out["name"], "candidate")["tags"]
     assert tags["reward_hash"] == lineage["rewards"]["hash"]
-    assert tags["split.train.version"] == data["splits"]["train"]["version"] and tags["split.holdout.seeds"] == "[10000000,10000400)"
+    assert (
+        tags["split.train.version"] == data["splits"]["train"]["version"]
+        and tags["split.holdout.seeds"] == "[10000000,10000400)"
+    )
     maze_tags = registry.show(maze_out["name"], "candidate")["tags"]
-    assert maze_tags["split.train.version"] != tags["split.train.version"] and maze_tags["reward_hash"] != tags["reward_hash"]
+    assert (
+        maze_tags["split.train.version"] != tags["split.train.version"]
+        and maze_tags["reward_hash"] != tags["reward_hash"]
+    )

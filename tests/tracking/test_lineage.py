@@ -70,8 +70,18 @@ def test_lineage_of_an_adapter_from_a_short_real_training_run(tracked_run, ci_mo
     out = runner.invoke(app, ["lineage", str(run.adapter)])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())
-    for piece in ("adapter", "files unchanged", "run", run.run_id, git["commit"][:12], "vlrl:test-image",
-                  lin["model"]["fingerprint"][:19], "holdout: seeds [10000000, 10000032)", "step-000002", "step 2 holdout"):
+    for piece in (
+        "adapter",
+        "files unchanged",
+        "run",
+        run.run_id,
+        git["commit"][:12],
+        "vlrl:test-image",
+        lin["model"]["fingerprint"][:19],
+        "holdout: seeds [10000000, 10000032)",
+        "step-000002",
+        "step 2 holdout",
+    ):
         assert piece in text, piece
     as_json = runner.invoke(app, ["lineage", str(run.run_dir), "--json"])
     assert json.loads(as_json.output)["lineage"]["tracking"]["run_id"] == run.run_id
@@ -119,7 +129,10 @@ def test_a_resumed_run_continues_its_mlflow_run_and_keeps_earlier_attempts(track
 def test_disabled_tracking_writes_lineage_only(reg_config, tmp_path):
     cfg = reg_config()
     tracker = RunTracker.from_config(cfg)
-    assert not tracker.enabled and tracker.start(cfg, tmp_path / "runs" / "r", collect_lineage(cfg, tmp_path / "runs" / "r")) is None
+    assert (
+        not tracker.enabled
+        and tracker.start(cfg, tmp_path / "runs" / "r", collect_lineage(cfg, tmp_path / "runs" / "r")) is None
+    )
     tracker.log_step(1, {"reward/mean": 1.0})
     assert tracker.end("FINISHED")["status"] == "finished"
     assert read_lineage(tmp_path / "runs" / "r")["status"] == "finished"

@@ -24,7 +24,7 @@ def setup(tracked_run, reg_config, tmp_path):
 
 
 def evals(tmp_path, cfg, name: str, models: dict, holdout_n: int = 30, adversarial_n: int = 16):
-    """`vlrl eval -o` folders for holdout and adversarial: {label: (adapter or None, holdout wins, adversarial wins)}."""
+    """`vlrl eval -o` folders for holdout and adversarial: {label: (adapter or None, holdout, adversarial wins)}."""
     out = tmp_path / f"eval-{name}"
     for label, (adapter, h, a) in models.items():
         write_eval(out / "holdout", cfg, label, adapter, "holdout", h, holdout_n)
@@ -34,8 +34,9 @@ def evals(tmp_path, cfg, name: str, models: dict, holdout_n: int = 30, adversari
 
 def test_a_promotion_that_passes_goes_candidate_staging_production_with_an_audit_trail(setup, tmp_path, tracked_run):
     cfg, reg, adapter, _ = setup
-    out = reg.register(adapter, evals(tmp_path, cfg, "v1", {"base": (None, 2, 2), "grpo": (adapter, 16, 6)}),
-                       reason="first GRPO run")
+    out = reg.register(
+        adapter, evals(tmp_path, cfg, "v1", {"base": (None, 2, 2), "grpo": (adapter, 16, 6)}), reason="first GRPO run"
+    )
     name = model_name_for("{env}-{base}", "maze", model_fingerprint(cfg.model.path))
     assert (out["name"], out["version"], out["action"]) == (name, 1, "register")
     shown = reg.show(name, "candidate")
@@ -56,14 +57,22 @@ def test_a_promotion_that_passes_goes_candidate_staging_production_with_an_audit
 
     log = reg.history(name)
     assert [(e["action"], e.get("to"), e.get("decision")) for e in log] == [
-        ("register", None, None), ("promote", "staging", "passed"), ("promote", "production", "passed")]
+        ("register", None, None),
+        ("promote", "staging", "passed"),
+        ("promote", "production", "passed"),
+    ]
     last = log[-1]
     assert last["user"] and last["host"] and last["time"] and last["reason"] == "holdout +47 points"
     numbers = {c["name"]: c["numbers"] for c in last["gate"]["checks"]}
-    assert numbers["holdout_margin"]["candidate"]["successes"] == 16 and numbers["holdout_margin"]["baseline"]["successes"] == 2
+    assert (
+        numbers["holdout_margin"]["candidate"]["successes"] == 16
+        and numbers["holdout_margin"]["baseline"]["successes"] == 2
+    )
     # McNemar: 14 tasks only the candidate solved, none only the base: p = 2 / 2^14
     assert (numbers["holdout_paired_test"]["b"], numbers["holdout_paired_test"]["c"]) == (14, 0)
-    assert abs(numbers["holdout_paired_test"]["p_value"] - 2 / 2**14) < 1e-12 and last["settings"]["max_p_value"] == 0.05
+    assert (
+        abs(numbers["holdout_paired_test"]["p_value"] - 2 / 2**14) < 1e-12 and last["settings"]["max_p_value"] == 0.05
+    )
     assert json.loads(reg.show(name, 1)["tags"]["gate.production"])["decision"] == "passed"
 
     # the same weights saved by another run (a GRPO run that changed nothing): no new version, the
@@ -179,14 +188,23 @@ def test_gate_rules_on_numbers():
         return EvalRecord(split, s, n, "greedy", "v", tasks, discordant)
 
     def decide(c, b, margin=0.02, drop=0.02, max_p=0.05):
-        return promotion_gate(c, b, candidate_label="c", baseline_label="b", holdout_margin=margin, max_adversarial_drop=drop,
-                              max_p_value=max_p)
+        return promotion_gate(
+            c,
+            b,
+            candidate_label="c",
+            baseline_label="b",
+            holdout_margin=margin,
+            max_adversarial_drop=drop,
+            max_p_value=max_p,
+        )
 
     # 60/200 vs 20/200 on the same tasks: 45 only the candidate solved, 5 only the baseline
     base = {"holdout": rec("holdout", 20, 200, discordant=(45, 5)), "adversarial": rec("adversarial", 50, 200)}
     assert decide({"holdout": rec("holdout", 60, 200), "adversarial": rec("adversarial", 47, 200)}, base).passed
     # a clear gain refused by a larger margin
-    assert not decide({"holdout": rec("holdout", 60, 200), "adversarial": rec("adversarial", 50, 200)}, base, margin=0.25).passed
+    assert not decide(
+        {"holdout": rec("holdout", 60, 200), "adversarial": rec("adversarial", 50, 200)}, base, margin=0.25
+    ).passed
     # adversarial falls 2.5 points with 2 allowed
     assert not decide({"holdout": rec("holdout", 60, 200), "adversarial": rec("adversarial", 45, 200)}, base).passed
     # no adversarial evaluation at all
@@ -196,11 +214,23 @@ def test_gate_rules_on_numbers():
 
 def test_gate_decides_on_mcnemar_both_ways():
     def decide(c_wins, b_wins, discordant, max_p=0.05, margin=0.02):
-        c = {"holdout": EvalRecord("holdout", c_wins, 100, "greedy", "v", "t"), "adversarial": EvalRecord("adversarial", 5, 10, "greedy", "v", "t")}
-        b = {"holdout": EvalRecord("holdout", b_wins, 100, "greedy", "v", "t", discordant),
-             "adversarial": EvalRecord("adversarial", 5, 10, "greedy", "v", "t")}
-        d = promotion_gate(c, b, candidate_label="c", baseline_label="b", holdout_margin=margin, max_adversarial_drop=0.0,
-                           max_p_value=max_p)
+        c = {
+            "holdout": EvalRecord("holdout", c_wins, 100, "greedy", "v", "t"),
+            "adversarial": EvalRecord("adversarial", 5, 10, "greedy", "v", "t"),
+        }
+        b = {
+            "holdout": EvalRecord("holdout", b_wins, 100, "greedy", "v", "t", discordant),
+            "adversarial": EvalRecord("adversarial", 5, 10, "greedy", "v", "t"),
+        }
+        d = promotion_gate(
+            c,
+            b,
+            candidate_label="c",
+            baseline_label="b",
+            holdout_margin=margin,
+            max_adversarial_drop=0.0,
+            max_p_value=max_p,
+        )
         return d, {x.name: x for x in d.checks}
 
     # 58 vs 50 of 100: b = 10, c = 2 -> exact two-sided p = 2 * (1 + 12 + 66) / 4096 = 0.0386

@@ -37,9 +37,13 @@ def test_roles_gate_every_change_and_the_registrant_cannot_promote_to_production
     monkeypatch.delenv("VLRL_IDENTITY_FILE", raising=False)
     with pytest.raises(VlrlError, match="say who acts with --identity-file"):
         as_(None).register(adapter, eval_dirs)
-    with pytest.raises(VlrlError, match=r"identity vic \(viewer\) may not register adapters: that needs the role trainer"):
+    with pytest.raises(
+        VlrlError, match=r"identity vic \(viewer\) may not register adapters: that needs the role trainer"
+    ):
         as_("vic").register(adapter, eval_dirs)
-    name = as_("abe").register(adapter, eval_dirs)["name"]  # an approver may register too (roles include the ones below)
+    name = as_("abe").register(adapter, eval_dirs)[
+        "name"
+    ]  # an approver may register too (roles include the ones below)
     reg = as_("abe")
     assert reg.show(name, 1)["tags"]["registered_identity"] == "abe"
 
@@ -50,7 +54,10 @@ def test_roles_gate_every_change_and_the_registrant_cannot_promote_to_production
     before = snapshot(reg)
     with pytest.raises(VlrlError) as refused:
         as_("abe").promote(name, 1, "production")
-    assert str(refused.value) == f"two-person rule: abe registered {name} v1, so another approver must promote it to production"
+    assert (
+        str(refused.value)
+        == f"two-person rule: abe registered {name} v1, so another approver must promote it to production"
+    )
     assert snapshot(reg) == before and before[name]["aliases"] == {"staging": 1}  # nothing changed
     assert as_("ann").promote(name, 1, "production").passed
     assert reg.client.get_registered_model(name).aliases == {"production": 1}
@@ -106,7 +113,9 @@ def test_cli_refuses_then_allows_a_promotion_and_history_names_the_identities(gu
     assert isinstance(refused.exception, VlrlError) and "two-person rule: abe registered" in str(refused.exception)
     allowed = vlrl("ann", "promote", name, "1", "--to", "production", "--reason", "second pair of eyes")
     assert allowed.exit_code == 0 and "is now in production" in allowed.output, allowed.output
-    print("".join(line + "\n" for line in as_("abe").audit_path.read_text().splitlines()))  # the evidence, with `pytest -s`
+    print(
+        "".join(line + "\n" for line in as_("abe").audit_path.read_text().splitlines())
+    )  # the evidence, with `pytest -s`
     shown = runner.invoke(app, ["registry", "history", name, "--uri", str(as_("abe").uri)], terminal_width=200)
     print(shown.output)
     assert "abe (approver)" in shown.output and "ann (approver)" in shown.output and "two-person rule" in shown.output

@@ -43,22 +43,35 @@ def test_register_promote_refuse_rollback_and_history_on_the_command_line(cli, t
     cfg = reg_config()
     name = model_name_for("{env}-{base}", "maze", model_fingerprint(cfg.model.path))
     v1 = tracked_run.adapter
-    out = cli("registry", "register", str(v1),
-              *eval_dirs(tmp_path, cfg, "v1", {"base": (None, 2, 2), "grpo": (v1, 16, 6)}), "--reason", "first run")
+    out = cli(
+        "registry",
+        "register",
+        str(v1),
+        *eval_dirs(tmp_path, cfg, "v1", {"base": (None, 2, 2), "grpo": (v1, 16, 6)}),
+        "--reason",
+        "first run",
+    )
     assert f"registered as {name} v1 (candidate)" in flat(out.output) and "holdout 53.3%" in flat(out.output)
     assert name in cli("registry", "list").output
     assert "now in staging" in flat(cli("registry", "promote", name, "1").output)
     assert "now in production" in flat(cli("registry", "promote", name, "1", "--to", "production").output)
 
     weak = make_adapter(cfg, tmp_path / "weak" / "adapter", seed=5)
-    cli("registry", "register", str(weak), *eval_dirs(tmp_path, cfg, "weak", {"v1": (v1, 16, 6), "weak": (weak, 15, 6)}))
+    cli(
+        "registry", "register", str(weak), *eval_dirs(tmp_path, cfg, "weak", {"v1": (v1, 16, 6), "weak": (weak, 15, 6)})
+    )
     refused = cli("registry", "promote", name, "2", ok=False)
     assert isinstance(refused.exception, VlrlError) and "\n" not in str(refused.exception)
     assert "promotion of" in str(refused.exception) and "refused" in str(refused.exception)
     assert "FAIL" in refused.output and "production v1" in refused.output  # the gate table came first
 
     strong = make_adapter(cfg, tmp_path / "strong" / "adapter", seed=6)
-    cli("registry", "register", str(strong), *eval_dirs(tmp_path, cfg, "strong", {"v1": (v1, 16, 6), "strong": (strong, 29, 7)}))
+    cli(
+        "registry",
+        "register",
+        str(strong),
+        *eval_dirs(tmp_path, cfg, "strong", {"v1": (v1, 16, 6), "strong": (strong, 29, 7)}),
+    )
     cli("registry", "promote", name, "3")
     assert "replacing v1" in flat(cli("registry", "promote", name, "3", "--to", "production").output)
     assert f"{name}: production v3 -> v1" in flat(cli("registry", "rollback", name, "--reason", "latency").output)

@@ -12,8 +12,9 @@ from vlrl.eval.protocol import model_identity, tasks_hash
 from vlrl.tracking.lineage import collect_lineage, write_adapter_lineage
 
 
-def make_adapter(config: RunConfig, out: Path, seed: int, base_fingerprint: str | None = None,
-                 init_adapter: str | None = None) -> Path:
+def make_adapter(
+    config: RunConfig, out: Path, seed: int, base_fingerprint: str | None = None, init_adapter: str | None = None
+) -> Path:
     """A real LoRA adapter on config.model.path (fresh weights from `seed`) with a lineage as a run
     directory `out.parent` would record it. `base_fingerprint` overrides the recorded base."""
     from vlrl.models.fingerprint import model_fingerprint
@@ -30,16 +31,32 @@ def make_adapter(config: RunConfig, out: Path, seed: int, base_fingerprint: str 
     return out
 
 
-def write_eval(out_dir: Path, config: RunConfig, label: str, adapter: Path | None, split: str, successes: int, n: int) -> Path:
+def write_eval(
+    out_dir: Path, config: RunConfig, label: str, adapter: Path | None, split: str, successes: int, n: int
+) -> Path:
     """An evaluation summary as `vlrl eval -o out_dir` writes it, for the first n tasks of `split`,
     with the given number of successes, on the first tasks (the identity, task hash and task keys
     are the real ones, so two such summaries pair task by task: the one with more successes solved
     every task the other solved)."""
     tasks = list(build_split(config.env, split))[:n]
-    episodes = [{"success": float(i < successes), "turns": 2.0, "optimal_turns": 2.0, "invalid_actions": 0.0, "group": "3x3",
-                 "task_id": t.task_id, "task_key": task_key(t)} for i, t in enumerate(tasks)]
-    meta = {"split_version": split_version(config.env, split), "tasks_hash": tasks_hash(tasks), "env": config.env.name,
-            "model": model_identity(config.model.path, str(adapter) if adapter else None)}
+    episodes = [
+        {
+            "success": float(i < successes),
+            "turns": 2.0,
+            "optimal_turns": 2.0,
+            "invalid_actions": 0.0,
+            "group": "3x3",
+            "task_id": t.task_id,
+            "task_key": task_key(t),
+        }
+        for i, t in enumerate(tasks)
+    ]
+    meta = {
+        "split_version": split_version(config.env, split),
+        "tasks_hash": tasks_hash(tasks),
+        "env": config.env.name,
+        "model": model_identity(config.model.path, str(adapter) if adapter else None),
+    }
     return EvalResult(label, split, "greedy", episodes, [], meta).save(out_dir / label)
 
 

@@ -29,7 +29,10 @@ def test_checkpointed_blocks_give_the_same_gradient_rtol_1e5_atol_1e7(ci_config)
     episodes = plain.rollout(list(build_split(plain.config.env, "train"))[:2], 2, plain.sampling_params(seed=2))
     seqs = [e.sequence for e in episodes]
     advantages = [1.0, -1.0, 0.5, -0.5]
-    (want, plain_calls), (got, checkpointed_calls) = _gradient(plain, seqs, advantages), _gradient(checkpointed, seqs, advantages)
+    (want, plain_calls), (got, checkpointed_calls) = (
+        _gradient(plain, seqs, advantages),
+        _gradient(checkpointed, seqs, advantages),
+    )
     assert checkpointed_calls == 2 * plain_calls > 0  # every block ran again in backward
     assert want.keys() == got.keys() and want
     assert max(float(g.abs().max()) for g in want.values()) > 1e-5

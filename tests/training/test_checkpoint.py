@@ -15,19 +15,32 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_compare import same, step_numbers
 from typer.testing import CliRunner
 
 from vlrl.config import load_config
 from vlrl.errors import VlrlError
 from vlrl.runtime import distributed
-from vlrl.training.checkpoint import CheckpointStore, check_resume_config, config_changes, find_checkpoint, read_checkpoint, verify
+from vlrl.training.checkpoint import (
+    CheckpointStore,
+    check_resume_config,
+    config_changes,
+    find_checkpoint,
+    read_checkpoint,
+    verify,
+)
 from vlrl.training.trainer import GRPOTrainer
-from run_compare import same, step_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 # Short episodes and a tiny evaluation keep each step cheap; an evaluation every 2 steps puts
 # eval metrics into the history on both sides of the resume.
-FAST = ["env.max_turns=2", "rollout.max_new_tokens=4", "train.eval_tasks=2", "train.eval_every=2", "runtime.torch_threads=1"]
+FAST = [
+    "env.max_turns=2",
+    "rollout.max_new_tokens=4",
+    "train.eval_tasks=2",
+    "train.eval_every=2",
+    "runtime.torch_threads=1",
+]
 
 
 def _config(model_dir, root, *overrides):
@@ -118,7 +131,11 @@ def test_damaged_checkpoint_is_reported_and_the_previous_one_used(straight, tmp_
         assert found == str(root / "step-000006") and not warnings  # temporary dirs are never read
     else:
         assert found == str(root / "step-000003")
-        reason = {"truncate": "adapter.safetensors has", "flip_byte": "does not match its SHA-256", "no_manifest": "no manifest.json"}[how]
+        reason = {
+            "truncate": "adapter.safetensors has",
+            "flip_byte": "does not match its SHA-256",
+            "no_manifest": "no manifest.json",
+        }[how]
         assert len(warnings) == 1 and reason in warnings[0] and "\n" not in warnings[0]
         # an explicit path to the damaged one falls back the same way
         assert find_checkpoint(str(root / "step-000006"), str(root), quiet=True) == str(root / "step-000003")
@@ -155,29 +172,52 @@ def test_resume_after_damage_continues_and_deletes_nothing_valid(straight, ci_mo
 
 def test_config_changes_that_change_the_run_are_refused_by_name(straight, ci_model_dir, tmp_path):
     saved = read_checkpoint(str(straight.run_dir / "checkpoints" / "step-000006")).config
-    changed = _config(ci_model_dir, tmp_path, "train.steps=9", "algo.group_size=8", "model.lora.rank=4",
-                      "env.sizes=[4]").model_dump(mode="json")
+    changed = _config(
+        ci_model_dir, tmp_path, "train.steps=9", "algo.group_size=8", "model.lora.rank=4", "env.sizes=[4]"
+    ).model_dump(mode="json")
     with pytest.raises(VlrlError) as err:
         check_resume_config(saved, changed, "from step-000006")
     message = str(err.value)
-    assert "algo.group_size 4 -> 8" in message and "model.lora.rank 8 -> 4" in message and "env.sizes [3] -> [4]" in message
+    assert (
+        "algo.group_size 4 -> 8" in message
+        and "model.lora.rank 8 -> 4" in message
+        and "env.sizes [3] -> [4]" in message
+    )
     assert "train.steps" not in message.split("differ")[0] and "\n" not in message
 
     # the CLI refuses before starting anything, and the run is left as it was
     run = tmp_path / "runs" / "again"
     shutil.copytree(straight.run_dir, run)
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    result = CliRunner().invoke(_app(), [
-        "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}",
-        "storage.run_name=again", "runtime.backend=local", *FAST, "algo.group_size=8", "--resume", "auto",
-    ])
+    result = CliRunner().invoke(
+        _app(),
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path / 'runs'}",
+            "storage.run_name=again",
+            "runtime.backend=local",
+            *FAST,
+            "algo.group_size=8",
+            "--resume",
+            "auto",
+        ],
+    )
     assert isinstance(result.exception, VlrlError) and "algo.group_size 4 -> 8" in str(result.exception)
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     # and a new run may not start over an existing one by accident
-    result = CliRunner().invoke(_app(), [
-        "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}",
-        "storage.run_name=again", "runtime.backend=local",
-    ])
+    result = CliRunner().invoke(
+        _app(),
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path / 'runs'}",
+            "storage.run_name=again",
+            "runtime.backend=local",
+        ],
+    )
     assert isinstance(result.exception, VlrlError) and "--resume auto" in str(result.exception)
 
 
@@ -187,7 +227,9 @@ def test_the_env_config_class_says_which_env_keys_a_resume_may_change():
     saved = load_config(None).model_dump(mode="json")
     current = load_config(None, ["env.adversarial_variants.themes=[dark]", "env.adversarial.count=10", "env.sizes=[7]"])
     refused, allowed = config_changes(saved, current.model_dump(mode="json"))
-    assert set(allowed) == {"env.adversarial_variants.themes", "env.adversarial.count"} and set(refused) == {"env.sizes"}
+    assert set(allowed) == {"env.adversarial_variants.themes", "env.adversarial.count"} and set(refused) == {
+        "env.sizes"
+    }
     # another env: its name differs, so none of the env keys counts as safe
     other = load_config(None, ["env.name=maze_plan", "env.adversarial.count=10"]).model_dump(mode="json")
     refused, allowed = config_changes(saved, other)
@@ -204,8 +246,11 @@ def test_allowed_config_change_resumes_and_is_recorded(straight, ci_model_dir, t
     trainer.train()
     trainer.close()
     assert trainer.step_idx == 7
-    changes = {"train.steps": [6, 7], "train.eval_tasks": [2, 1],
-               "storage.root": [str(straight.run_dir.parent), str(tmp_path)]}  # the run was moved too
+    changes = {
+        "train.steps": [6, 7],
+        "train.eval_tasks": [2, 1],
+        "storage.root": [str(straight.run_dir.parent), str(tmp_path)],
+    }  # the run was moved too
     events = [json.loads(line) for line in (run / "run-events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "resume" and events[-1]["changed"] == changes
     final = read_checkpoint(str(run / "checkpoints" / "step-000007"))
@@ -233,9 +278,12 @@ def _tiny_optimizer_writer(seed: int):
 def _save(store: CheckpointStore, step: int) -> str:
     model, opt, sched = _tiny_optimizer_writer(step)
     return store.save(
-        step, adapter={"w": torch.full((2, 2), float(step))},
+        step,
+        adapter={"w": torch.full((2, 2), float(step))},
         write_optimizer=lambda path: distributed.save_optimizer_checkpoint(model, opt, sched, path),
-        rng_states=[{"rank": 0}], trainer={"note": step}, config_yaml="train: {}\n",
+        rng_states=[{"rank": 0}],
+        trainer={"note": step},
+        config_yaml="train: {}\n",
     )
 
 
@@ -294,10 +342,23 @@ def test_cli_resume_auto_continues_after_the_driver_was_killed(ci_model_dir, tmp
     """`vlrl train --resume auto` starts a new run (nothing to resume), is SIGKILLed once it has
     a checkpoint, and the same command continues it to the end."""
     runs = tmp_path / "runs"
-    args = ["train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}", "storage.run_name=job",
-            "runtime.backend=local", *FAST, "train.steps=3", "train.checkpoint_every=1", "--quiet", "--resume", "auto"]
-    driver = subprocess.Popen([sys.executable, "-m", "vlrl.cli", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    args = [
+        "train",
+        "configs/ci-tiny.yaml",
+        f"model.path={ci_model_dir}",
+        f"storage.root={runs}",
+        "storage.run_name=job",
+        "runtime.backend=local",
+        *FAST,
+        "train.steps=3",
+        "train.checkpoint_every=1",
+        "--quiet",
+        "--resume",
+        "auto",
+    ]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "vlrl.cli", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     latest = runs / "job" / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     while not latest.exists():

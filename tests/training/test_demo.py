@@ -17,8 +17,13 @@ from vlrl.demo import run_demo
 
 def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
     cfg = ci_config(
-        "train.sft.mode=full", "train.sft.episodes=16", "train.sft.batch_size=8",
-        "train.steps=2", "train.eval_every=1", "train.eval_tasks=4", "env.holdout.count=8",
+        "train.sft.mode=full",
+        "train.sft.episodes=16",
+        "train.sft.batch_size=8",
+        "train.steps=2",
+        "train.eval_every=1",
+        "train.eval_tasks=4",
+        "env.holdout.count=8",
     )
     console = Console(record=True, width=160)
     report = run_demo(cfg, tmp_path / "demo", console)

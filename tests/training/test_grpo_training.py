@@ -6,13 +6,13 @@ import json
 
 import pytest
 import torch
+from run_compare import step_numbers
 from typer.testing import CliRunner
 
 from vlrl.envs.base import StepResult, build_split, make_env, register_env
 from vlrl.envs.maze.env import MazeEnv, parse_action
 from vlrl.rollout.hf_engine import _StaticDecoder
 from vlrl.training.trainer import GRPOTrainer
-from run_compare import step_numbers
 
 
 @register_env("test_up")
@@ -35,17 +35,27 @@ def formatted_model_dir(ci_model_dir, tmp_path_factory):
     from vlrl.config import load_config
     from vlrl.training.sft import run_sft
 
-    cfg = load_config("configs/ci-tiny.yaml", [
-        f"model.path={ci_model_dir}", "runtime.backend=local", "train.sft.mode=full", "train.sft.episodes=128",
-        "train.sft.epochs=4", "train.sft.batch_size=8", "train.sft.lr=2e-3",
-    ])
+    cfg = load_config(
+        "configs/ci-tiny.yaml",
+        [
+            f"model.path={ci_model_dir}",
+            "runtime.backend=local",
+            "train.sft.mode=full",
+            "train.sft.episodes=128",
+            "train.sft.epochs=4",
+            "train.sft.batch_size=8",
+            "train.sft.lr=2e-3",
+        ],
+    )
     return run_sft(cfg, tmp_path_factory.mktemp("sft") / "model")
 
 
 def test_seeded_run_is_bit_for_bit_reproducible(ci_config, formatted_model_dir, tmp_path):
     runs = []
     for name in ("a", "b"):
-        cfg = ci_config(f"model.path={formatted_model_dir}", "env.name=test_up", "train.steps=2", f"storage.run_name={name}")
+        cfg = ci_config(
+            f"model.path={formatted_model_dir}", "env.name=test_up", "train.steps=2", f"storage.run_name={name}"
+        )
         trainer = GRPOTrainer(cfg, tmp_path / name)
         trainer.setup()
         for _ in range(2):
@@ -60,8 +70,14 @@ def test_seeded_run_is_bit_for_bit_reproducible(ci_config, formatted_model_dir, 
 
 def test_grpo_increases_a_trivially_learnable_reward(ci_config, formatted_model_dir, tmp_path):
     cfg = ci_config(
-        f"model.path={formatted_model_dir}", "env.name=test_up", "train.steps=10", "train.lr=2e-3", "algo.group_size=8",
-        "algo.tasks_per_step=8", "algo.mini_batch_size=64", "algo.micro_batch_size=32",
+        f"model.path={formatted_model_dir}",
+        "env.name=test_up",
+        "train.steps=10",
+        "train.lr=2e-3",
+        "algo.group_size=8",
+        "algo.tasks_per_step=8",
+        "algo.mini_batch_size=64",
+        "algo.micro_batch_size=32",
     )
     trainer = GRPOTrainer(cfg, tmp_path / "learn")
     trainer.setup()
@@ -79,8 +95,13 @@ def test_gigpo_gives_each_turn_its_own_advantage(ci_config, formatted_model_dir,
     and reach the loss, and they change the update (the adapter differs from plain GRPO's)."""
     adapters = {}
     for weight in (0.0, 1.0):
-        cfg = ci_config(f"model.path={formatted_model_dir}", "train.steps=1", "env.max_turns=4",
-                        f"algo.step_advantage_weight={weight}", f"storage.run_name=w{weight}")
+        cfg = ci_config(
+            f"model.path={formatted_model_dir}",
+            "train.steps=1",
+            "env.max_turns=4",
+            f"algo.step_advantage_weight={weight}",
+            f"storage.run_name=w{weight}",
+        )
         trainer = GRPOTrainer(cfg, tmp_path / f"w{weight}")
         trainer.setup()
         m = trainer.step()
@@ -98,7 +119,9 @@ def test_gigpo_gives_each_turn_its_own_advantage(ci_config, formatted_model_dir,
 
 def test_dynamic_sampling_drops_groups_without_signal(ci_config, tmp_path):
     # With the maze's terminal reward and an untrained model, every group is all zeros.
-    cfg = ci_config("algo.dynamic_sampling=true", "algo.max_resample_rounds=1", "env.rewards.progress=0", "train.steps=1")
+    cfg = ci_config(
+        "algo.dynamic_sampling=true", "algo.max_resample_rounds=1", "env.rewards.progress=0", "train.steps=1"
+    )
     trainer = GRPOTrainer(cfg, tmp_path / "ds")
     trainer.setup()
     values = trainer.step().values
@@ -148,22 +171,37 @@ def test_sft_stops_at_its_target_loss(ci_config, tmp_path):
     assert reached_target(flat + [{"loss": 0.25}], 0.5) and not reached_target(flat + [{"loss": 0.25}], 0.25)
     assert not reached_target(flat * 3, None)
     # 4 transcripts a step, 8 epochs of 16: 32 steps planned; a target every step meets ends at the window.
-    cfg = ci_config("train.sft.episodes=16", "train.sft.epochs=8", "train.sft.batch_size=4", "train.sft.target_loss=1000")
+    cfg = ci_config(
+        "train.sft.episodes=16", "train.sft.epochs=8", "train.sft.batch_size=4", "train.sft.target_loss=1000"
+    )
     out = run_sft(cfg, tmp_path / "sft")
     assert len(json.loads((out / "sft_history.json").read_text())) == TARGET_WINDOW
 
 
 def _snapshot(root) -> dict:
     """Every path under `root` (itself included) with its bytes (files) and modification time."""
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
-            for p in [root, *sorted(root.rglob("*"))]}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in [root, *sorted(root.rglob("*"))]
+    }
 
 
 def _cli_sft(base, tmp_path, out, *args: str):
     from vlrl.cli import app
 
-    return CliRunner().invoke(app, ["sft", "configs/ci-tiny.yaml", f"model.path={base}", f"storage.root={tmp_path / 'runs'}",
-                                    "runtime.backend=local", "-o", str(out), *args])
+    return CliRunner().invoke(
+        app,
+        [
+            "sft",
+            "configs/ci-tiny.yaml",
+            f"model.path={base}",
+            f"storage.root={tmp_path / 'runs'}",
+            "runtime.backend=local",
+            "-o",
+            str(out),
+            *args,
+        ],
+    )
 
 
 def test_cli_sft_refuses_an_output_that_holds_files_or_is_the_base_and_touches_nothing(ci_model_dir, tmp_path):
@@ -207,10 +245,18 @@ def test_cli_train_writes_adapter_metrics_and_evaluation(ci_config, ci_model_dir
     from vlrl.cli import app
 
     runs = tmp_path / "cli-runs"
-    result = CliRunner().invoke(app, [
-        "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
-        "storage.run_name=cli", "train.steps=2", "--quiet",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={runs}",
+            "storage.run_name=cli",
+            "train.steps=2",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     run = runs / "cli"
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -241,8 +287,15 @@ def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_mo
     The worker's engine.sleep() before each update drops it."""
     runs = {}
     for mb in (0, 64):
-        cfg = ci_config(f"model.path={formatted_model_dir}", "train.steps=3", "train.lr=1e-2", "rollout.fast_decode=true",
-                        "model.lora.include_vision=true", f"rollout.vision_cache_mb={mb}", f"storage.run_name=vc{mb}")
+        cfg = ci_config(
+            f"model.path={formatted_model_dir}",
+            "train.steps=3",
+            "train.lr=1e-2",
+            "rollout.fast_decode=true",
+            "model.lora.include_vision=true",
+            f"rollout.vision_cache_mb={mb}",
+            f"storage.run_name=vc{mb}",
+        )
         trainer = GRPOTrainer(cfg, tmp_path / f"vc{mb}")
         trainer.setup()
         history = [trainer.step().values for _ in range(cfg.train.steps - 1)]
@@ -254,7 +307,9 @@ def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_mo
             decoder._prefill(prompts, pad, torch.device("cpu"))  # its features are cached now
         history.append(trainer.step().values)  # trains the vision LoRA
         with torch.no_grad():
-            fresh = _StaticDecoder(trainer.worker.model, vision_cache_mb=0)._prefill(prompts, pad, torch.device("cpu"))[0]
+            fresh = _StaticDecoder(trainer.worker.model, vision_cache_mb=0)._prefill(prompts, pad, torch.device("cpu"))[
+                0
+            ]
             served = decoder._prefill(prompts, pad, torch.device("cpu"))[0]
         torch.testing.assert_close(served, fresh, atol=1e-5, rtol=1e-5)  # not the features of the old weights
         runs[mb] = (step_numbers(history), decoder.vision_cache, trainer.worker.adapter_state())
@@ -271,4 +326,6 @@ def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_mo
         noise = [k for k in a if k.startswith("rollout/logprob_diff")]
         assert noise and all(max(a[k], b[k]) < 1e-4 for k in noise)
         same = [k for k in a if k not in noise]
-        assert all(abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])) for k in same), {k: (a[k], b[k]) for k in same if a[k] != b[k]}
+        assert all(abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])) for k in same), {
+            k: (a[k], b[k]) for k in same if a[k] != b[k]
+        }

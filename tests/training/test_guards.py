@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_compare import same, step_numbers
 from typer.testing import CliRunner
 
 from vlrl.config import GuardsConfig, load_config
@@ -25,7 +26,6 @@ from vlrl.training import guards
 from vlrl.training.checkpoint import read_checkpoint, verify
 from vlrl.training.guards import GuardStop
 from vlrl.training.trainer import GRPOTrainer
-from run_compare import same, step_numbers
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["env.max_turns=2", "rollout.max_new_tokens=4", "train.eval_tasks=2", "runtime.torch_threads=1"]
@@ -58,7 +58,13 @@ def healthy():
 @pytest.fixture
 def make(ci_model_dir, tmp_path):
     def config(*overrides: str):
-        base = [f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}", "runtime.backend=local", "env.name=guard_fault", *FAST]
+        base = [
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path / 'runs'}",
+            "runtime.backend=local",
+            "env.name=guard_fault",
+            *FAST,
+        ]
         return load_config(ROOT / "configs" / "ci-tiny.yaml", base + list(overrides))
 
     return config
@@ -84,6 +90,7 @@ def _same_state(a: dict, b: dict) -> bool:
         if isinstance(x, (list, tuple)):
             return isinstance(y, (list, tuple)) and len(x) == len(y) and all(eq(u, v) for u, v in zip(x, y))
         return x == y
+
     return eq(a, b)
 
 
@@ -93,10 +100,16 @@ def _lines(path: Path) -> list[dict]:
 
 # -- the checks, as pure functions ---------------------------------------------------------------
 
+
 def test_checks_fire_exactly_past_their_bounds():
     assert guards.check_nonfinite({"train/loss": 0.5, "reward/mean": 1.0}) is None
-    message, values = guards.check_nonfinite({"train/loss": float("nan"), "train/grad_norm": float("inf"), "reward/mean": 1.0})
-    assert message == "train/loss=nan, train/grad_norm=inf (not finite)" and set(values) == {"train/loss", "train/grad_norm"}
+    message, values = guards.check_nonfinite(
+        {"train/loss": float("nan"), "train/grad_norm": float("inf"), "reward/mean": 1.0}
+    )
+    assert message == "train/loss=nan, train/grad_norm=inf (not finite)" and set(values) == {
+        "train/loss",
+        "train/grad_norm",
+    }
     assert guards.check_above({"train/kl": 0.5}, "train/kl", 0.5) is None  # at the bound: fine
     assert guards.check_above({"train/kl": 3.1}, "train/kl", 0.5)[0] == "train/kl=3.1 > 0.5"
     assert guards.check_above({"train/kl": float("nan")}, "train/kl", 0.5) is None  # nonfinite's business
@@ -144,21 +157,39 @@ def test_defaults_only_check_nonfinite():
     assert not guards.wants_snapshot(g) and not guards.wants_rollback(g) and guards.withholds_nonfinite(g)
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("train.guards.kl_max.action=explode", "train.guards.kl_max.action = 'explode': Input should be 'warn', 'skip', 'rollback' or 'stop'"),
-    ("train.guards.kl_max.bound=-0.5", "train.guards.kl_max.bound = -0.5: Input should be greater than 0"),
-    ("train.guards.entropy_min.bound=0", "train.guards.entropy_min.bound = 0: Input should be greater than 0"),
-    ("train.guards.grad_spike.factor=0.5", "train.guards.grad_spike.factor = 0.5: Input should be greater than 1"),
-    ("train.guards.rollback_lr_factor=2", "train.guards.rollback_lr_factor = 2: Input should be less than 1"),
-    ("train.guards.reward_hacking.action=skip", "train.guards.reward_hacking.action = 'skip': Input should be 'warn', 'rollback' or 'stop'"),
-    ("train.guards.kl_maxx.bound=1", "unknown key 'train.guards.kl_maxx'; did you mean 'train.guards.kl_max'?"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "train.guards.kl_max.action=explode",
+            "train.guards.kl_max.action = 'explode': Input should be 'warn', 'skip', 'rollback' or 'stop'",
+        ),
+        ("train.guards.kl_max.bound=-0.5", "train.guards.kl_max.bound = -0.5: Input should be greater than 0"),
+        ("train.guards.entropy_min.bound=0", "train.guards.entropy_min.bound = 0: Input should be greater than 0"),
+        ("train.guards.grad_spike.factor=0.5", "train.guards.grad_spike.factor = 0.5: Input should be greater than 1"),
+        ("train.guards.rollback_lr_factor=2", "train.guards.rollback_lr_factor = 2: Input should be less than 1"),
+        (
+            "train.guards.reward_hacking.action=skip",
+            "train.guards.reward_hacking.action = 'skip': Input should be 'warn', 'rollback' or 'stop'",
+        ),
+        ("train.guards.kl_maxx.bound=1", "unknown key 'train.guards.kl_maxx'; did you mean 'train.guards.kl_max'?"),
+    ],
+)
 def test_bad_guard_config_is_one_clear_line_and_nothing_is_written(override, expected, ci_model_dir, tmp_path):
     from vlrl.cli import app
 
     runs = tmp_path / "runs"
-    result = CliRunner().invoke(app, ["train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
-                                      "runtime.backend=local", override])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={runs}",
+            "runtime.backend=local",
+            override,
+        ],
+    )
     assert isinstance(result.exception, ConfigError)
     message = str(result.exception)
     assert expected in message and "\n" not in message
@@ -166,6 +197,7 @@ def test_bad_guard_config_is_one_clear_line_and_nothing_is_written(override, exp
 
 
 # -- faults injected into real runs ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nonfinite_skip_drops_the_update(bad, make, tmp_path):
@@ -203,17 +235,23 @@ def test_nonfinite_stop_is_the_default_checkpoints_and_raises_one_line(make, tmp
     copy of the state is kept by default); the records and the step-1 checkpoint are intact."""
     cfg = make("train.steps=4", "train.checkpoint_every=1")
     trainer = _trainer(cfg, tmp_path / "run")
-    trainer.on_step = lambda m: FAULT.update(reward=lambda text: math.inf if len(text) % 2 else 1.0) if m.step == 1 else None
+    trainer.on_step = lambda m: (
+        FAULT.update(reward=lambda text: math.inf if len(text) % 2 else 1.0) if m.step == 1 else None
+    )
     with pytest.raises(GuardStop) as stop:
         trainer.train()
     message = str(stop.value)
-    assert "\n" not in message and message.startswith("guard nonfinite stopped the run at step 2: reward/mean=inf, train/loss=nan")
+    assert "\n" not in message and message.startswith(
+        "guard nonfinite stopped the run at step 2: reward/mean=inf, train/loss=nan"
+    )
     checkpoints = tmp_path / "run" / "checkpoints"
     assert message.endswith(f"(checkpoint {checkpoints / 'step-000002'})")
     assert verify(str(checkpoints / "step-000001")) is None and verify(str(checkpoints / "step-000002")) is None
     first, saved = read_checkpoint(str(checkpoints / "step-000001")), read_checkpoint(str(checkpoints / "step-000002"))
     assert _same_state(first.adapter, saved.adapter) and all(torch.isfinite(v).all() for v in saved.adapter.values())
-    assert [r["step"] for r in saved.trainer["history"]] == [1, 2] and "guard/nonfinite/stop" in saved.trainer["history"][-1]
+    assert [r["step"] for r in saved.trainer["history"]] == [1, 2] and "guard/nonfinite/stop" in saved.trainer[
+        "history"
+    ][-1]
     assert [r["step"] for r in _lines(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
     assert [e["event"] for e in _lines(tmp_path / "run" / "run-events.jsonl")] == ["guard"]
     trainer.close()
@@ -225,13 +263,28 @@ def test_cli_stop_exits_non_zero_with_one_error_line(ci_model_dir, tmp_path):
     continues the run."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    args = [sys.executable, "-m", "vlrl.cli", "train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
-            "storage.run_name=job", "runtime.backend=local", *FAST, "train.steps=3", "train.guards.entropy_min.enabled=true",
-            "train.guards.entropy_min.bound=100", "--quiet"]
+    args = [
+        sys.executable,
+        "-m",
+        "vlrl.cli",
+        "train",
+        "configs/ci-tiny.yaml",
+        f"model.path={ci_model_dir}",
+        f"storage.root={runs}",
+        "storage.run_name=job",
+        "runtime.backend=local",
+        *FAST,
+        "train.steps=3",
+        "train.guards.entropy_min.enabled=true",
+        "train.guards.entropy_min.bound=100",
+        "--quiet",
+    ]
     result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("error: guard entropy_min stopped the run at step 1: train/entropy="), errors
+    assert len(errors) == 1 and errors[0].startswith(
+        "error: guard entropy_min stopped the run at step 1: train/entropy="
+    ), errors
     assert "< 100 (checkpoint " in errors[0]
     assert verify(str(runs / "job" / "checkpoints" / "step-000001")) is None
     assert [r["step"] for r in _lines(runs / "job" / "metrics.jsonl")] == [1]
@@ -253,17 +306,29 @@ def test_rollback_after_a_learning_rate_blow_up(make, tmp_path):
     goes back to the step-0 checkpoint with lr x 1e-9 (= 1e-3) and the run finishes; the undone
     steps' records are kept aside; the LR scale is in the checkpoints and survives a resume; the
     report lists the event and the rollback."""
-    cfg = make("train.steps=3", "train.lr=1e6", "algo.kl_coef=0.01", "train.guards.kl_max.enabled=true",
-               "train.guards.kl_max.bound=0.01", "train.guards.kl_max.action=rollback", "train.guards.rollback_lr_factor=1e-9")
+    cfg = make(
+        "train.steps=3",
+        "train.lr=1e6",
+        "algo.kl_coef=0.01",
+        "train.guards.kl_max.enabled=true",
+        "train.guards.kl_max.bound=0.01",
+        "train.guards.kl_max.action=rollback",
+        "train.guards.rollback_lr_factor=1e-9",
+    )
     run = tmp_path / "run"
     trainer = _trainer(cfg, run)
     trainer.train()
     events = _lines(run / "run-events.jsonl")
-    assert [(e["event"], e.get("check"), e["step"]) for e in events] == [("guard", "kl_max", 2), ("rollback", "kl_max", 0)]
+    assert [(e["event"], e.get("check"), e["step"]) for e in events] == [
+        ("guard", "kl_max", 2),
+        ("rollback", "kl_max", 0),
+    ]
     assert events[0]["values"]["train/kl"] > 0.01 and events[1]["lr_scale"] == 1e-9
     records = _lines(run / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["train/lr"] == pytest.approx(1e-3) and r["train/kl"] < 0.01 and not guards.is_guard_record(r) for r in records)
+    assert all(
+        r["train/lr"] == pytest.approx(1e-3) and r["train/kl"] < 0.01 and not guards.is_guard_record(r) for r in records
+    )
     undone = _lines(run / "metrics-rolled-back.jsonl")
     assert [(r["step"], r["rolled_back_by"]) for r in undone] == [(1, "kl_max"), (2, "kl_max")]
     assert undone[0]["train/lr"] == 1e6 and undone[1]["guard/kl_max/rollback"] == 1.0
@@ -274,7 +339,9 @@ def test_rollback_after_a_learning_rate_blow_up(make, tmp_path):
 
     section = write_report(run).read_text().split("<h2>Stability guards</h2>")[1].split("<h2>")[0]
     assert section.count("<tr>") == 3  # the header, the event, the rollback
-    assert "<b>rollback</b>" in section and "train/kl=" in section and "rolled back to" in section and "x 1e-09" in section
+    assert (
+        "<b>rollback</b>" in section and "train/kl=" in section and "rolled back to" in section and "x 1e-09" in section
+    )
 
     resumed = _trainer(cfg, run)
     resumed.load_checkpoint("auto")
@@ -285,11 +352,21 @@ def test_rollback_after_a_learning_rate_blow_up(make, tmp_path):
 
 def test_rollbacks_beyond_the_limit_stop_the_run(make, tmp_path):
     """The same blow-up with a factor too mild to cure it: one rollback, then a stop."""
-    cfg = make("train.steps=4", "train.lr=1e6", "algo.kl_coef=0.01", "train.guards.kl_max.enabled=true",
-               "train.guards.kl_max.bound=0.01", "train.guards.kl_max.action=rollback", "train.guards.max_rollbacks=1")
+    cfg = make(
+        "train.steps=4",
+        "train.lr=1e6",
+        "algo.kl_coef=0.01",
+        "train.guards.kl_max.enabled=true",
+        "train.guards.kl_max.bound=0.01",
+        "train.guards.kl_max.action=rollback",
+        "train.guards.max_rollbacks=1",
+    )
     trainer = _trainer(cfg, tmp_path / "run")
-    with pytest.raises(GuardStop, match=r"guard kl_max stopped the run at step 2: train/kl=.* > 0.01 \(rollback refused: "
-                                        r"train.guards.max_rollbacks=1 reached\)"):
+    with pytest.raises(
+        GuardStop,
+        match=r"guard kl_max stopped the run at step 2: train/kl=.* > 0.01 \(rollback refused: "
+        r"train.guards.max_rollbacks=1 reached\)",
+    ):
         trainer.train()
     events = [(e["event"], e.get("action")) for e in _lines(tmp_path / "run" / "run-events.jsonl")]
     assert events == [("guard", "rollback"), ("rollback", None), ("guard", "stop")]
@@ -300,10 +377,16 @@ def test_rollbacks_beyond_the_limit_stop_the_run(make, tmp_path):
 def test_rollback_without_a_checkpoint_stops(make, tmp_path):
     """Steps driven by hand (no `train`, so no step-0 checkpoint): nothing to roll back to, so the
     rollback becomes a stop, which still writes its checkpoint."""
-    cfg = make("train.steps=2", "train.guards.entropy_min.enabled=true", "train.guards.entropy_min.bound=100",
-               "train.guards.entropy_min.action=rollback")
+    cfg = make(
+        "train.steps=2",
+        "train.guards.entropy_min.enabled=true",
+        "train.guards.entropy_min.bound=100",
+        "train.guards.entropy_min.action=rollback",
+    )
     trainer = _trainer(cfg, tmp_path / "run")
-    with pytest.raises(GuardStop, match=r"rollback refused: no valid checkpoint to go back to\) \(checkpoint .*step-000001\)$"):
+    with pytest.raises(
+        GuardStop, match=r"rollback refused: no valid checkpoint to go back to\) \(checkpoint .*step-000001\)$"
+    ):
         trainer.step()
     assert trainer.history[-1]["guard/entropy_min/stop"] == 1.0
     assert verify(str(tmp_path / "run" / "checkpoints" / "step-000001")) is None
@@ -317,13 +400,21 @@ def test_warn_only_logs(make, tmp_path, caplog):
     for _ in range(2):
         plain.step()
     db = tmp_path / "mlflow.db"
-    cfg = make("train.steps=2", "train.guards.entropy_min.enabled=true", "train.guards.entropy_min.bound=100",
-               "train.guards.entropy_min.action=warn", "tracking.enabled=true", f"tracking.uri=sqlite:///{db}")
+    cfg = make(
+        "train.steps=2",
+        "train.guards.entropy_min.enabled=true",
+        "train.guards.entropy_min.bound=100",
+        "train.guards.entropy_min.action=warn",
+        "tracking.enabled=true",
+        f"tracking.uri=sqlite:///{db}",
+    )
     warned = _trainer(cfg, tmp_path / "warned")
     with caplog.at_level(logging.WARNING, logger="vlrl.training"):
         warned.train()
     assert [r.getMessage().split(":")[0] for r in caplog.records if "guard" in r.getMessage()] == [
-        "guard entropy_min (warn) at step 1", "guard entropy_min (warn) at step 2"]
+        "guard entropy_min (warn) at step 1",
+        "guard entropy_min (warn) at step 2",
+    ]
     assert all(r["guard/entropy_min/warn"] == 1.0 for r in warned.history)
     assert _same_state({"a": plain.worker.adapter_state()}, {"a": warned.worker.adapter_state()})
     strip = lambda h: [{k: v for k, v in r.items() if not k.startswith("guard/")} for r in h]  # noqa: E731
@@ -341,8 +432,12 @@ def test_warn_only_logs(make, tmp_path, caplog):
 def test_grad_norm_spike_is_skipped(make, tmp_path):
     """Rewards suddenly 10^4 times larger (Dr. GRPO does not rescale them): the gradient norm
     spikes against the running median and the update is dropped."""
-    cfg = make("train.steps=4", "algo.advantage=dr_grpo", "train.guards.grad_spike.enabled=true",
-               "train.guards.grad_spike.min_steps=2")
+    cfg = make(
+        "train.steps=4",
+        "algo.advantage=dr_grpo",
+        "train.guards.grad_spike.enabled=true",
+        "train.guards.grad_spike.min_steps=2",
+    )
     trainer = _trainer(cfg, tmp_path / "run")
     trainer.step()
     trainer.step()
@@ -357,8 +452,12 @@ def test_grad_norm_spike_is_skipped(make, tmp_path):
 def test_reward_hacking_stops_the_run(make, tmp_path):
     """Train reward climbs while holdout success falls from 100% to 0% (the env's success is
     switched off after step 1): stopped at the evaluation of step 2."""
-    cfg = make("train.steps=4", "train.eval_every=1", "train.guards.reward_hacking.enabled=true",
-               "train.guards.reward_hacking.reward_window=1")
+    cfg = make(
+        "train.steps=4",
+        "train.eval_every=1",
+        "train.guards.reward_hacking.enabled=true",
+        "train.guards.reward_hacking.reward_window=1",
+    )
     FAULT.update(success=True, reward=lambda text: 0.0)
 
     def hack(m):
@@ -366,8 +465,11 @@ def test_reward_hacking_stops_the_run(make, tmp_path):
 
     trainer = _trainer(cfg, tmp_path / "run")
     trainer.on_step = hack
-    with pytest.raises(GuardStop, match=r"guard reward_hacking stopped the run at step 2: holdout success 0.0% at step 2 "
-                                        r"< best 100.0% at step 1 while train reward rose 0 -> "):
+    with pytest.raises(
+        GuardStop,
+        match=r"guard reward_hacking stopped the run at step 2: holdout success 0.0% at step 2 "
+        r"< best 100.0% at step 1 while train reward rose 0 -> ",
+    ):
         trainer.train()
     assert [e["success_rate"] for e in trainer.evals] == [1.0, 0.0]
     trainer.close()
@@ -388,14 +490,23 @@ def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatc
         ray.shutdown()
     ray.init(address="local", num_cpus=2, object_store_memory=300 * 2**20, include_dashboard=False)
     try:
-        cfg = make("env.name=maze", "runtime.backend=ray", "runtime.num_workers=2", "runtime.placement_timeout_s=60", "train.steps=3",
-                   "train.guards.entropy_min.bound=100", "train.guards.entropy_min.action=skip")
+        cfg = make(
+            "env.name=maze",
+            "runtime.backend=ray",
+            "runtime.num_workers=2",
+            "runtime.placement_timeout_s=60",
+            "train.steps=3",
+            "train.guards.entropy_min.bound=100",
+            "train.guards.entropy_min.action=skip",
+        )
         trainer = _trainer(cfg, tmp_path / "run")
         initial = _state(trainer)
         trainer.step()  # healthy: the actor's optimizer gets its AdamW state
         before = _state(trainer)
         assert not _same_state(before, initial)
-        trainer.config.train.guards.entropy_min.enabled = True  # the driver runs the checks: an entropy floor from now on
+        trainer.config.train.guards.entropy_min.enabled = (
+            True  # the driver runs the checks: an entropy floor from now on
+        )
         m = trainer.step()
         assert m.values["guard/entropy_min/skip"] == 1.0 and _same_state(_state(trainer), before)
 
@@ -412,7 +523,9 @@ def test_skip_on_ray_leaves_the_actor_state_unchanged(make, tmp_path, monkeypatc
             return episodes
 
         trainer.worker.rollout = poisoned
-        with pytest.raises(GuardStop, match=r"guard nonfinite stopped the run at step 3: reward/mean=inf, train/loss=nan"):
+        with pytest.raises(
+            GuardStop, match=r"guard nonfinite stopped the run at step 3: reward/mean=inf, train/loss=nan"
+        ):
             trainer.step()
         assert _same_state(_state(trainer), before)
         assert verify(str(tmp_path / "run" / "checkpoints" / "step-000003")) is None

@@ -28,7 +28,9 @@ def _masked(scored, episodes):
     return [lp[torch.tensor(e.sequence.loss_mask[1:], dtype=torch.bool)] for lp, e in zip(scored, episodes)]
 
 
-def test_kl_to_the_warm_start_is_exactly_zero_before_the_first_update_and_its_adapter_stays_frozen(ci_config, ci_model_dir, tmp_path):
+def test_kl_to_the_warm_start_is_exactly_zero_before_the_first_update_and_its_adapter_stays_frozen(
+    ci_config, ci_model_dir, tmp_path
+):
     """KL == 0.0 exactly (fp32, not to a tolerance) before the first update on the --init-adapter
     path; the reference is the warm start, not the base; training moves the policy but not the
     reference; the saved adapter holds the trained adapter only."""
@@ -49,7 +51,9 @@ def test_kl_to_the_warm_start_is_exactly_zero_before_the_first_update_and_its_ad
         base = _masked(worker.policy.score_no_grad(seqs, with_adapter=True), episodes)
     assert max(float((a - b).abs().max()) for a, b in zip(policy, base)) > 1e-3
 
-    stats = worker.update(episodes, torch.randn(len(episodes), generator=torch.Generator().manual_seed(0)).tolist(), seed=0)
+    stats = worker.update(
+        episodes, torch.randn(len(episodes), generator=torch.Generator().manual_seed(0)).tolist(), seed=0
+    )
     assert stats["kl"] > 0.0  # the first epoch's step moved the policy off the reference before the second's
     after = _masked(worker.policy.score_no_grad(seqs, with_adapter=True), episodes)
     again = _masked(worker.policy.score_no_grad(seqs, with_adapter=False), episodes)

@@ -19,7 +19,9 @@ def test_lr_factor_warms_up_then_follows_the_schedule():
     assert [lr_factor(i, "constant", 4, 100) for i in range(5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
     assert lr_factor(4, "linear", 4, 104) == 1.0 and lr_factor(54, "linear", 4, 104) == 0.5
     assert lr_factor(104, "linear", 4, 104) == 0.0
-    assert math.isclose(lr_factor(54, "cosine", 4, 104), 0.5) and math.isclose(lr_factor(104, "cosine", 4, 104), 0.0, abs_tol=1e-12)
+    assert math.isclose(lr_factor(54, "cosine", 4, 104), 0.5) and math.isclose(
+        lr_factor(104, "cosine", 4, 104), 0.0, abs_tol=1e-12
+    )
     assert lr_factor(10, "linear", 0, 10) == 0.0  # no warm-up: the old `1 - i / total`
     # A time budget further along than the steps drives the decay; constant stays constant.
     assert lr_factor(14, "linear", 4, 104, time_fraction=0.5) == 0.5
@@ -30,8 +32,9 @@ def test_lr_factor_warms_up_then_follows_the_schedule():
 
 @pytest.mark.parametrize("noise", [0.0, 0.5])
 def test_worker_batches_do_not_depend_on_the_worker_count(ci_model_dir, noise):
-    config = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "train.sft.batch_size=3",
-                                                  f"train.sft.noise={noise}"])
+    config = load_config(
+        "configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "train.sft.batch_size=3", f"train.sft.noise={noise}"]
+    )
     chat = ChatFormat(load_processor(ci_model_dir))
     split = build_split(config.env, "train")
     tasks = [split[i] for i in range(7)]

@@ -17,9 +17,20 @@ def _steps(run) -> list[int]:
 
 def test_time_boxed_run_pauses_and_resumes(ci_model_dir, tmp_path):
     runs = tmp_path / "runs"
-    args = ["train", "configs/ci-tiny.yaml", f"model.path={ci_model_dir}", f"storage.root={runs}",
-            "storage.run_name=boxed", "runtime.backend=local", "train.steps=3", "train.eval_tasks=2",
-            "train.checkpoint_every=0", "--resume", "auto", "--quiet"]
+    args = [
+        "train",
+        "configs/ci-tiny.yaml",
+        f"model.path={ci_model_dir}",
+        f"storage.root={runs}",
+        "storage.run_name=boxed",
+        "runtime.backend=local",
+        "train.steps=3",
+        "train.eval_tasks=2",
+        "train.checkpoint_every=0",
+        "--resume",
+        "auto",
+        "--quiet",
+    ]
     # A budget far below one step: the first step always runs, then the run must stop before the second.
     first = CliRunner().invoke(app, [*args, "train.max_minutes=0.0001"])
     assert isinstance(first.exception, TimeLimitReached), first.output

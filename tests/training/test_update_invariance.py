@@ -20,20 +20,31 @@ from vlrl.training.worker import Worker
 
 RTOL, ATOL = 1e-4, 1e-6
 AGGREGATIONS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
-CASES = [(agg, level, kl, "off") for agg, level, kl in itertools.product(AGGREGATIONS, ["token", "sequence"], [0.0, 0.1])]
-CASES += [("token_mean", "token", 0.1, "tis"), ("seq_mean_token_mean", "sequence", 0.0, "tis"), ("token_mean", "token", 0.0, "masked")]
+CASES = [
+    (agg, level, kl, "off") for agg, level, kl in itertools.product(AGGREGATIONS, ["token", "sequence"], [0.0, 0.1])
+]
+CASES += [
+    ("token_mean", "token", 0.1, "tis"),
+    ("seq_mean_token_mean", "sequence", 0.0, "tis"),
+    ("token_mean", "token", 0.0, "masked"),
+]
 
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory, ci_model_dir):
     """A worker whose adapter moved away from the reference, and 4 episodes with noisy sampler log-probs."""
-    from vlrl.config import load_config
     from tests.conftest import ROOT
+    from vlrl.config import load_config
 
-    cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", [
-        f"model.path={ci_model_dir}", f"storage.root={tmp_path_factory.mktemp('runs')}", "runtime.backend=local",
-        "env.max_turns=3",
-    ])
+    cfg = load_config(
+        ROOT / "configs" / "ci-tiny.yaml",
+        [
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path_factory.mktemp('runs')}",
+            "runtime.backend=local",
+            "env.max_turns=3",
+        ],
+    )
     worker = Worker(cfg, 4)
     tasks = list(build_split(cfg.env, "train"))[:2]
     episodes = worker.rollout(tasks, 2, worker.sampling_params(seed=7))
@@ -54,7 +65,9 @@ def batch(tmp_path_factory, ci_model_dir):
     # "old" log-probs a little away from the current policy: ratios spread over both clip edges.
     old = [o + 0.3 * torch.randn(o.shape, generator=g) for o in old]
     for s in seqs:  # the sampler a little away from the trainer: rollout-correction weights differ from 1
-        s.logprobs = [lp + 0.5 * float(torch.randn(1, generator=g)) if m else lp for lp, m in zip(s.logprobs, s.loss_mask)]
+        s.logprobs = [
+            lp + 0.5 * float(torch.randn(1, generator=g)) if m else lp for lp, m in zip(s.logprobs, s.loss_mask)
+        ]
     ref = worker.policy.score_no_grad(seqs, with_adapter=False)
     advantages = torch.randn(len(seqs), generator=g).tolist()
     return worker, seqs, old, ref, advantages
@@ -81,8 +94,13 @@ def test_micro_batch_1_and_full_give_the_same_gradient_rtol_1e4_atol_1e6(batch, 
     a = worker.policy.config.algo
     saved = a.model_dump()
     try:
-        for k, v in {"loss_agg": agg, "ratio_level": level, "kl_coef": kl, "rollout_correction": correction,
-                     "rollout_correction_cap": 1.5}.items():
+        for k, v in {
+            "loss_agg": agg,
+            "ratio_level": level,
+            "kl_coef": kl,
+            "rollout_correction": correction,
+            "rollout_correction_cap": 1.5,
+        }.items():
             setattr(a, k, v)
         one = _gradient(worker, seqs, old, ref if kl else None, advantages, 1)
         full = _gradient(worker, seqs, old, ref if kl else None, advantages, len(seqs))

@@ -42,9 +42,15 @@ def test_square_labels_are_what_each_block_shows(ci_config):
 def test_pretrain_vision_trains_the_tower_only_and_writes_a_new_base(ci_config, ci_model_dir, tmp_path):
     from vlrl.training.vision_pretrain import pretrain_vision
 
-    config = ci_config(*BLOCKS_7, "runtime.torch_threads=2", "train.vision_pretrain.steps=40",
-                       "train.vision_pretrain.tasks=128", "train.vision_pretrain.eval_tasks=16",
-                       "train.vision_pretrain.eval_every=20", "train.vision_pretrain.warmup_steps=5")
+    config = ci_config(
+        *BLOCKS_7,
+        "runtime.torch_threads=2",
+        "train.vision_pretrain.steps=40",
+        "train.vision_pretrain.tasks=128",
+        "train.vision_pretrain.eval_tasks=16",
+        "train.vision_pretrain.eval_every=20",
+        "train.vision_pretrain.warmup_steps=5",
+    )
     out = pretrain_vision(config, tmp_path / "seeing")
 
     record = json.loads((out / "vlrl_vision_pretrain.json").read_text())
@@ -78,8 +84,13 @@ def test_pretrain_vision_trains_the_tower_only_and_writes_a_new_base(ci_config, 
 def test_pretrain_vision_refuses_images_that_are_not_one_token_per_square(ci_config, tmp_path):
     from vlrl.training.vision_pretrain import pretrain_vision
 
-    config = ci_config("env.layout=blocks", "env.sizes=[7]", "env.cell_px=24", "train.vision_pretrain.tasks=8",
-                       "train.vision_pretrain.eval_tasks=4")
+    config = ci_config(
+        "env.layout=blocks",
+        "env.sizes=[7]",
+        "env.cell_px=24",
+        "train.vision_pretrain.tasks=8",
+        "train.vision_pretrain.eval_tasks=4",
+    )
     with pytest.raises(VlrlError, match="one merged image token per maze square.*env.cell_px"):
         pretrain_vision(config, tmp_path / "seeing")
     assert not (tmp_path / "seeing").exists()
@@ -111,13 +122,18 @@ def test_pretrain_vision_says_so_when_its_budget_allows_no_step(ci_config, ci_mo
     # before the first step, whatever the machine's speed; nothing else sees the fake clock.
     ticks = iter(range(0, 10**6, 60))
     monkeypatch.setattr(vision_pretrain, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
-    config = ci_config(*BLOCKS_7, "train.vision_pretrain.tasks=8", "train.vision_pretrain.eval_tasks=4",
-                       "train.vision_pretrain.max_minutes=0.5")
+    config = ci_config(
+        *BLOCKS_7,
+        "train.vision_pretrain.tasks=8",
+        "train.vision_pretrain.eval_tasks=4",
+        "train.vision_pretrain.max_minutes=0.5",
+    )
     before = model_fingerprint(ci_model_dir)
     with pytest.raises(VlrlError) as raised:
         pretrain_vision(config, tmp_path / "seeing")
-    assert str(raised.value) == ("train.vision_pretrain.max_minutes ended vision pretraining before its first step; "
-                                 "give it more time")
+    assert str(raised.value) == (
+        "train.vision_pretrain.max_minutes ended vision pretraining before its first step; give it more time"
+    )
     assert not (tmp_path / "seeing").exists() and not list(tmp_path.glob(".seeing*"))  # no output, no temporary copy
     assert model_fingerprint(ci_model_dir) == before
 

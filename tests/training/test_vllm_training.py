@@ -49,7 +49,7 @@ def test_short_grpo_run_with_vllm_rollouts(ci_config, tmp_path):
     seq = prompt.copy()
     seq.append_sampled(comp.token_ids, comp.logprobs)
     cfg.rollout.temperature = 1.0
-    rescored = worker.policy.score_no_grad([seq])[0][-len(comp.token_ids):]
+    rescored = worker.policy.score_no_grad([seq])[0][-len(comp.token_ids) :]
     assert float((rescored - torch.tensor(comp.logprobs)).abs().max()) < 2e-5
     trainer.close()
     engine.close()
@@ -59,8 +59,13 @@ def test_seeded_vllm_runs_are_reproducible(ci_config, tmp_path):
     """Two seeded runs with vLLM rollouts give the same episodes, rewards, losses and adapter."""
     runs = []
     for name in ("a", "b"):
-        cfg = ci_config("rollout.engine=vllm", "rollout.kv_cache_memory_mb=32", "env.max_turns=3", "algo.tasks_per_step=1",
-                        "algo.mini_batch_size=4")
+        cfg = ci_config(
+            "rollout.engine=vllm",
+            "rollout.kv_cache_memory_mb=32",
+            "env.max_turns=3",
+            "algo.tasks_per_step=1",
+            "algo.mini_batch_size=4",
+        )
         trainer = GRPOTrainer(cfg, tmp_path / name)
         trainer.setup()
         for _ in range(2):

@@ -18,7 +18,6 @@ Papers:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-
 from typing import Literal
 
 import torch
@@ -169,9 +168,7 @@ def combine_advantages(
     return [[float(a) + weight * s for s in steps] for a, steps in zip(episode_advantages, step_advs)]
 
 
-def token_advantages(
-    advantage: float | Sequence[float], spans: Sequence[tuple[int, int]], length: int
-) -> torch.Tensor:
+def token_advantages(advantage: float | Sequence[float], spans: Sequence[tuple[int, int]], length: int) -> torch.Tensor:
     """Advantage of every token of a sequence of `length` tokens, float32 [length].
 
     `advantage` is one value for the whole episode, or one per turn: turn t's value goes to the
@@ -232,10 +229,7 @@ def aggregate_loss(
             raise VlrlError(f"max_tokens must be a positive integer, got {max_tokens}")
         per_seq = seq_totals if max_tokens is None else seq_totals / max_tokens
     else:
-        raise VlrlError(
-            f"loss aggregation must be token_mean, seq_mean_token_sum or seq_mean_token_mean, "
-            f"got {mode!r}"
-        )
+        raise VlrlError(f"loss aggregation must be token_mean, seq_mean_token_sum or seq_mean_token_mean, got {mode!r}")
     return masked_mean(per_seq, tokens_per_seq > 0)
 
 
@@ -287,9 +281,7 @@ def policy_loss(
     if per_token and ratio_level == "sequence":
         raise VlrlError("per-token (per-turn) advantages need ratio_level 'token'; GSPO's ratio is per sequence")
     if eps_low < 0 or eps_high < 0 or eps_low >= 1:
-        raise VlrlError(
-            f"clip range needs 0 <= eps_low < 1 and eps_high >= 0; got {eps_low}, {eps_high}"
-        )
+        raise VlrlError(f"clip range needs 0 <= eps_low < 1 and eps_high >= 0; got {eps_low}, {eps_high}")
     # Zero the log-ratio on padding so exp() of garbage there cannot put NaN into the gradient.
     log_ratio = torch.where(mask.bool(), logprobs - old_logprobs, torch.zeros_like(logprobs))
 
@@ -306,7 +298,10 @@ def policy_loss(
     losses = -torch.minimum(unclipped, clipped)
     if is_weights is not None:
         if is_weights.shape != losses.shape:
-            raise VlrlError(f"is_weights must have shape {tuple(losses.shape)} for ratio_level {ratio_level!r}, got {tuple(is_weights.shape)}")
+            raise VlrlError(
+                f"is_weights must have shape {tuple(losses.shape)} for ratio_level {ratio_level!r}, got "
+                f"{tuple(is_weights.shape)}"
+            )
         losses = losses * is_weights.detach()
     if ratio_level == "token":
         loss = aggregate_loss(losses, mask, agg, max_tokens)
@@ -368,12 +363,18 @@ def grpo_loss(
     ref_logprobs is given) and "loss".
     """
     if kl_coef != 0.0 and ref_logprobs is None:
-        raise VlrlError(
-            f"kl_coef is {kl_coef} but no reference log-probs were given; pass them or set 0"
-        )
+        raise VlrlError(f"kl_coef is {kl_coef} but no reference log-probs were given; pass them or set 0")
     loss, stats = policy_loss(
-        logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
-        ratio_level=ratio_level, agg=agg, max_tokens=max_tokens, is_weights=is_weights,
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        ratio_level=ratio_level,
+        agg=agg,
+        max_tokens=max_tokens,
+        is_weights=is_weights,
     )
     if ref_logprobs is not None:
         _check_same_shape(logprobs, ref_logprobs, "logprobs", "ref_logprobs")
@@ -428,7 +429,9 @@ def rollout_correction_weights(
         raise VlrlError(f"rollout correction must be 'tis' or 'masked', got {mode!r}")
 
 
-def sampler_mismatch(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def sampler_mismatch(
+    trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """How far the sampler's log-probs are from the trainer's on the masked tokens (detached sums,
     to be added up over micro-batches and workers): abs_sum = sum |trainer - sampler|,
     abs_max = max |trainer - sampler|, k3_sum = sum of the k3 estimate of KL(sampler || trainer)
@@ -438,8 +441,12 @@ def sampler_mismatch(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Ten
         keep = mask.bool()
         diff = torch.where(keep, trainer_logprobs - sampler_logprobs, torch.zeros_like(trainer_logprobs))
         k3 = diff.exp() - diff - 1.0
-        return {"abs_sum": diff.abs().sum(), "abs_max": diff.abs().max() if diff.numel() else diff.new_tensor(0.0),
-                "k3_sum": k3.sum(), "tokens": keep.sum().to(diff.dtype)}
+        return {
+            "abs_sum": diff.abs().sum(),
+            "abs_max": diff.abs().max() if diff.numel() else diff.new_tensor(0.0),
+            "k3_sum": k3.sum(),
+            "tokens": keep.sum().to(diff.dtype),
+        }
 
 
 # --- From logits -------------------------------------------------------------------------------
@@ -457,12 +464,13 @@ def token_logprobs(
     [B, T, V] log_softmax.
     """
     if logits.shape[:-1] != tokens.shape:
-        raise VlrlError(
-            f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} must agree on [B, T]"
-        )
+        raise VlrlError(f"logits {tuple(logits.shape)} and tokens {tuple(tokens.shape)} must agree on [B, T]")
     if temperature <= 0:
         raise VlrlError(f"temperature must be positive, got {temperature}")
-    rows = [_rows_logprobs(row_logits, row_tokens, temperature, suppress)[0] for row_logits, row_tokens in zip(logits, tokens)]
+    rows = [
+        _rows_logprobs(row_logits, row_tokens, temperature, suppress)[0]
+        for row_logits, row_tokens in zip(logits, tokens)
+    ]
     return torch.stack(rows) if rows else logits.new_zeros(tokens.shape, dtype=torch.float32)
 
 
@@ -548,6 +556,4 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def _check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
     if a.shape != b.shape:
-        raise VlrlError(
-            f"{name_a} {tuple(a.shape)} and {name_b} {tuple(b.shape)} must have the same shape"
-        )
+        raise VlrlError(f"{name_a} {tuple(a.shape)} and {name_b} {tuple(b.shape)} must have the same shape")

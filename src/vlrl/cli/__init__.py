@@ -42,7 +42,9 @@ def _mount() -> None:
     from vlrl.cli import lineage_cmd, registry_cmd
 
     lineage_cmd.register(app)
-    app.add_typer(registry_cmd.app, name="registry", help="Adapter registry: register, promote through a gate, roll back.")
+    app.add_typer(
+        registry_cmd.app, name="registry", help="Adapter registry: register, promote through a gate, roll back."
+    )
     from vlrl.cli import report_cmd
 
     report_cmd.register(app)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -19,11 +18,16 @@ console = Console()
 
 @app.command("show")
 def show(
-    config: Optional[Path] = typer.Argument(None, help="YAML config file (omit for the defaults)."),
+    config: Path | None = typer.Argument(None, help="YAML config file (omit for the defaults)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. algo.group_size=8."),
     doc: bool = typer.Option(False, "--doc", help="Print every field with its type, default and meaning instead."),
-    env: Optional[str] = typer.Option(
-        None, "--env", help="With --doc: list the env.* fields of this registered env (default: the config's env, else the default env)."
+    env: str | None = typer.Option(
+        None,
+        "--env",
+        help=(
+            "With --doc: list the env.* fields of this registered env (default: the config's env, else the default "
+            "env)."
+        ),
     ),
 ) -> None:
     """Print the fully resolved config (file + overrides + defaults).

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -32,24 +31,30 @@ from vlrl.errors import VlrlError
 app = typer.Typer(no_args_is_help=True)
 console = Console()
 
-_CONFIG = typer.Option(None, "-c", "--config", help="Run config YAML whose env section is used (default: built-in defaults).")
+_CONFIG = typer.Option(
+    None, "-c", "--config", help="Run config YAML whose env section is used (default: built-in defaults)."
+)
 _ENV = typer.Option(None, "--env", help="Registered env to use (sets env.name), e.g. maze_plan.")
 _SPLIT = typer.Option("holdout", "--split", help="train, holdout or adversarial.")
 _INDEX = typer.Option(0, "--index", min=0, help="Task index in the split.")
-_SEED = typer.Option(None, "--seed", help="An ad-hoc task of this seed instead of a split's task (envs that make them).")
+_SEED = typer.Option(
+    None, "--seed", help="An ad-hoc task of this seed instead of a split's task (envs that make them)."
+)
 _OVERRIDES = typer.Argument(None, help="Dotted overrides of the config, e.g. env.layout=blocks 'env.sizes=[9]'.")
 
 
-def _env_config(config: Optional[Path], env: Optional[str], overrides: Optional[list[str]]) -> EnvConfigBase:
+def _env_config(config: Path | None, env: str | None, overrides: list[str] | None) -> EnvConfigBase:
     return load_config(config, [*(overrides or []), *([f"env.name={env}"] if env else [])]).env
 
 
-def _task(config: EnvConfigBase, split: str, index: int, seed: Optional[int]) -> Task:
+def _task(config: EnvConfigBase, split: str, index: int, seed: int | None) -> Task:
     """The ad-hoc task of `seed`, or task `index` of `split`."""
     if seed is not None:
         cls = env_class(config.name)
         if not hasattr(cls, "adhoc_task"):
-            raise VlrlError(f"env '{config.name}' makes no ad-hoc tasks by seed; pick a split's task with --split and --index")
+            raise VlrlError(
+                f"env '{config.name}' makes no ad-hoc tasks by seed; pick a split's task with --split and --index"
+            )
         return cls.adhoc_task(config, seed)
     tasks = build_split(config, split)
     if index >= len(tasks):
@@ -59,14 +64,18 @@ def _task(config: EnvConfigBase, split: str, index: int, seed: Optional[int]) ->
 
 @app.command("render")
 def render_cmd(
-    config: Optional[Path] = _CONFIG,
-    env: Optional[str] = _ENV,
+    config: Path | None = _CONFIG,
+    env: str | None = _ENV,
     split: str = _SPLIT,
     index: int = _INDEX,
-    seed: Optional[int] = _SEED,
-    output: Path = typer.Option(Path("task.png"), "-o", "--output", help="PNG file to write (a second image: NAME-1.png, ...)."),
-    write_json: bool = typer.Option(False, "--json", help="Also write the task's trace at its start (the env's content) next to the PNG."),
-    overrides: Optional[list[str]] = _OVERRIDES,
+    seed: int | None = _SEED,
+    output: Path = typer.Option(
+        Path("task.png"), "-o", "--output", help="PNG file to write (a second image: NAME-1.png, ...)."
+    ),
+    write_json: bool = typer.Option(
+        False, "--json", help="Also write the task's trace at its start (the env's content) next to the PNG."
+    ),
+    overrides: list[str] | None = _OVERRIDES,
 ) -> None:
     """Draw a task's first observation and write it as PNG.
 
@@ -82,7 +91,9 @@ def render_cmd(
     for i, image in enumerate(obs.images):
         path = output if i == 0 else output.with_name(f"{output.stem}-{i}{output.suffix}")
         image.save(path, format="PNG")
-        console.print(f"wrote {path} ({image.width}x{image.height} px, task {task.task_id}, {task_group(task)})", highlight=False)
+        console.print(
+            f"wrote {path} ({image.width}x{image.height} px, task {task.task_id}, {task_group(task)})", highlight=False
+        )
     if write_json:
         json_path = output.with_suffix(".json")
         json_path.write_text(json.dumps(episode.trace(), indent=1) + "\n")
@@ -104,13 +115,13 @@ def _show(episode, text: str) -> None:
 
 @app.command("play")
 def play(
-    config: Optional[Path] = _CONFIG,
-    env: Optional[str] = _ENV,
+    config: Path | None = _CONFIG,
+    env: str | None = _ENV,
     split: str = _SPLIT,
     index: int = _INDEX,
-    seed: Optional[int] = _SEED,
+    seed: int | None = _SEED,
     oracle: bool = typer.Option(False, "--oracle", help="Let the env's oracle play and print each response."),
-    overrides: Optional[list[str]] = _OVERRIDES,
+    overrides: list[str] | None = _OVERRIDES,
 ) -> None:
     """Play a task in the terminal, or watch the oracle play it.
 
@@ -151,10 +162,10 @@ def play(
 @app.command("split")
 def split_cmd(
     split: str = _SPLIT,
-    config: Optional[Path] = _CONFIG,
-    env: Optional[str] = _ENV,
+    config: Path | None = _CONFIG,
+    env: str | None = _ENV,
     show: int = typer.Option(5, "--show", help="How many of the first tasks to list."),
-    overrides: Optional[list[str]] = _OVERRIDES,
+    overrides: list[str] | None = _OVERRIDES,
 ) -> None:
     """Print a split's size, version and first tasks.
 
@@ -163,7 +174,8 @@ def split_cmd(
     env_config = _env_config(config, env, overrides)
     cls = env_class(env_config.name)
     tasks = build_split(env_config, split)
-    console.print(f"split [bold]{split}[/] of env {env_config.name}: {len(tasks)} tasks, version {split_version(env_config, split)}")
+    version = split_version(env_config, split)
+    console.print(f"split [bold]{split}[/] of env {env_config.name}: {len(tasks)} tasks, version {version}")
     rows = []
     for task in tasks[: max(0, show)]:
         extra = cls.describe_task(task) if hasattr(cls, "describe_task") else {}

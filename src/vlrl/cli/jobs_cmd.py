@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -26,9 +25,21 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-ADDRESS_HELP = "Ray dashboard (Jobs API) URL, e.g. http://127.0.0.1:8265. Default: $RAY_JOB_ADDRESS, $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS."
-TOKEN_HELP = "Ray auth token. Default: $RAY_AUTH_TOKEN, the file at $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token (prefer these: a --token shows in shell history)."
-STATUS_STYLE = {"SUCCEEDED": "green", "RUNNING": "cyan", "PENDING": "yellow", "FAILED": "bold red", "STOPPED": "magenta"}
+ADDRESS_HELP = (
+    "Ray dashboard (Jobs API) URL, e.g. http://127.0.0.1:8265. Default: $RAY_JOB_ADDRESS, $RAY_API_SERVER_ADDRESS, "
+    "$RAY_ADDRESS."
+)
+TOKEN_HELP = (
+    "Ray auth token. Default: $RAY_AUTH_TOKEN, the file at $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token (prefer these: a "
+    "--token shows in shell history)."
+)
+STATUS_STYLE = {
+    "SUCCEEDED": "green",
+    "RUNNING": "cyan",
+    "PENDING": "yellow",
+    "FAILED": "bold red",
+    "STOPPED": "magenta",
+}
 
 
 def register(root: typer.Typer) -> None:
@@ -37,7 +48,7 @@ def register(root: typer.Typer) -> None:
     root.add_typer(app, name="jobs", help="List, inspect, follow and stop training jobs on a Ray cluster.")
 
 
-def _client(address: Optional[str], token: Optional[str]):
+def _client(address: str | None, token: str | None):
     from vlrl.runtime.jobs import JobsClient
 
     return JobsClient(address, token)
@@ -56,22 +67,36 @@ def _write_logs(text: str) -> None:
 def submit(
     config: Path = typer.Argument(..., help="YAML run config (resolved here, with the overrides)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.steps=50."),
-    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
-    name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the config file's name); the job id starts with it."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="Passed to `vlrl train --resume` on the cluster: 'auto' or a checkpoint path there."),
-    upload_code: Optional[bool] = typer.Option(
-        None, "--upload-code/--no-upload-code",
-        help="Ship the local src/vlrl with the job (default: yes from a source checkout); --no-upload-code uses the vlrl of the cluster image.",
+    address: str | None = typer.Option(None, "--address", help=ADDRESS_HELP),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    name: str | None = typer.Option(
+        None, "--name", help="Job name (default: the config file's name); the job id starts with it."
     ),
-    env: list[str] = typer.Option([], "--env", "-e", help="Extra KEY=VALUE environment variable for the job; repeatable."),
-    wait: bool = typer.Option(False, "--wait/--no-wait", help="Follow the logs until the job ends (default: print the job id and return)."),
+    resume: str | None = typer.Option(
+        None, "--resume", help="Passed to `vlrl train --resume` on the cluster: 'auto' or a checkpoint path there."
+    ),
+    upload_code: bool | None = typer.Option(
+        None,
+        "--upload-code/--no-upload-code",
+        help=(
+            "Ship the local src/vlrl with the job (default: yes from a source checkout); --no-upload-code uses the "
+            "vlrl of the cluster image."
+        ),
+    ),
+    env: list[str] = typer.Option(
+        [], "--env", "-e", help="Extra KEY=VALUE environment variable for the job; repeatable."
+    ),
+    wait: bool = typer.Option(
+        False, "--wait/--no-wait", help="Follow the logs until the job ends (default: print the job id and return)."
+    ),
 ) -> None:
     """Submit [bold]vlrl train[/] to a Ray cluster as a Ray Job; print its id and return.
 
-    The config is resolved here (file + overrides) and travels with the job as vlrl-job.yaml; it is also stored in the job's metadata (`vlrl jobs status JOB --config`). The job keeps running after this command exits.
+    The config is resolved here (file + overrides) and travels with the job as vlrl-job.yaml; it is also stored in the
+    job's metadata (`vlrl jobs status JOB --config`). The job keeps running after this command exits.
 
-    Use absolute paths on shared storage (e.g. /fsx) for storage.root and model.path: relative ones resolve inside the job's temporary working directory.
+    Use absolute paths on shared storage (e.g. /fsx) for storage.root and model.path: relative ones resolve inside the
+    job's temporary working directory.
 
     The job id goes to stdout alone, everything else to stderr, so `JOB=$(vlrl submit ...)` works.
 
@@ -85,15 +110,23 @@ def submit(
     """
     from vlrl.runtime.jobs import parse_env, prepare_submission
 
-    job = prepare_submission(config, overrides or [], name=name, resume=resume, upload_code=upload_code, env=parse_env(env))
+    job = prepare_submission(
+        config, overrides or [], name=name, resume=resume, upload_code=upload_code, env=parse_env(env)
+    )
     client = _client(address, token)
     job_id = client.submit(job)
     for warning in job.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     print(job_id, flush=True)
-    err_console.print(f"submitted to {client.address}; the job writes to [bold]{job.run_dir}[/]", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"submitted to {client.address}; the job writes to [bold]{job.run_dir}[/]", highlight=False, soft_wrap=True
+    )
     if not wait:
-        err_console.print(f"follow it: vlrl jobs logs {job_id} --follow   stop it: vlrl jobs stop {job_id}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"follow it: vlrl jobs logs {job_id} --follow   stop it: vlrl jobs stop {job_id}",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     client.follow_logs(job_id, _write_logs)
     status = client.wait(job_id, timeout_s=60)
@@ -104,8 +137,8 @@ def submit(
 
 @app.command("list")
 def list_jobs(
-    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
+    address: str | None = typer.Option(None, "--address", help=ADDRESS_HELP),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
 ) -> None:
     """Every job on the cluster, oldest first.
 
@@ -136,9 +169,11 @@ def list_jobs(
 @app.command("status")
 def status(
     job_id: str = typer.Argument(..., help="Job id, as printed by `vlrl submit`."),
-    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
-    show_config: bool = typer.Option(False, "--config", help="Print the resolved config the job was submitted with (YAML)."),
+    address: str | None = typer.Option(None, "--address", help=ADDRESS_HELP),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
+    show_config: bool = typer.Option(
+        False, "--config", help="Print the resolved config the job was submitted with (YAML)."
+    ),
 ) -> None:
     """Status, times, run directory and message of one job.
 
@@ -168,9 +203,11 @@ def status(
 @app.command("logs")
 def logs(
     job_id: str = typer.Argument(..., help="Job id, as printed by `vlrl submit`."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends (Ctrl-C stops following, not the job)."),
-    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing until the job ends (Ctrl-C stops following, not the job)."
+    ),
+    address: str | None = typer.Option(None, "--address", help=ADDRESS_HELP),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
 ) -> None:
     """What the job's driver printed: the training progress, one line per step.
 
@@ -187,8 +224,10 @@ def logs(
     try:
         client.follow_logs(job_id, _write_logs)
     except KeyboardInterrupt:
-        err_console.print(f"stopped following; the job runs on (vlrl jobs stop {job_id} stops it)", highlight=False, soft_wrap=True)
-        raise typer.Exit(130)
+        err_console.print(
+            f"stopped following; the job runs on (vlrl jobs stop {job_id} stops it)", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(130) from None
     err_console.print(f"job {job_id} {_styled(client.wait(job_id, timeout_s=60))}", highlight=False)
 
 
@@ -196,8 +235,8 @@ def logs(
 def stop(
     job_id: str = typer.Argument(..., help="Job id, as printed by `vlrl submit`."),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until Ray reports the job stopped."),
-    address: Optional[str] = typer.Option(None, "--address", help=ADDRESS_HELP),
-    token: Optional[str] = typer.Option(None, "--token", help=TOKEN_HELP),
+    address: str | None = typer.Option(None, "--address", help=ADDRESS_HELP),
+    token: str | None = typer.Option(None, "--token", help=TOKEN_HELP),
 ) -> None:
     """Stop a running job (Ray sends SIGTERM to its driver, then SIGKILL).
 

@@ -39,9 +39,12 @@ def _params_table(title: str, counts: dict[str, int]) -> Table:
 def init_tiny(
     out: Path = typer.Argument(..., help="Directory to create (must not exist or be empty)."),
     size: TinySizeChoice = typer.Option(
-        "ci", "--size", help="ci: <1M params for tests; demo: ~5M, learns a small maze; "
-        "maze9: ~56M, the GPU recipe of 9x9 block mazes (configs/gpu-maze9.yaml); qwen3vl-2b-shape: Qwen3-VL-2B layer shapes (~1.8B, bf16, small vocabulary) for GPU runs; "
-        "qwen3vl-8b-shape: Qwen3-VL-8B layer shapes and vocabulary (8.8B) for benchmarks."
+        "ci",
+        "--size",
+        help="ci: <1M params for tests; demo: ~5M, learns a small maze; "
+        "maze9: ~56M, the GPU recipe of 9x9 block mazes (configs/gpu-maze9.yaml); qwen3vl-2b-shape: Qwen3-VL-2B "
+        "layer shapes (~1.8B, bf16, small vocabulary) for GPU runs; "
+        "qwen3vl-8b-shape: Qwen3-VL-8B layer shapes and vocabulary (8.8B) for benchmarks.",
     ),
     seed: int = typer.Option(0, "--seed", help="Initialisation seed; the same seed gives identical weights."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files."),
@@ -65,10 +68,14 @@ def init_tiny(
 
 @app.command("pretrain-vision")
 def pretrain_vision(
-    config: Path = typer.Argument(..., help="YAML run config: model.path (the tiny base), env (a maze env), train.vision_pretrain."),
+    config: Path = typer.Argument(
+        ..., help="YAML run config: model.path (the tiny base), env (a maze env), train.vision_pretrain."
+    ),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.vision_pretrain.steps=2000."),
     out: Path = typer.Option(..., "--out", "-o", help="New model directory (a new base, its own fingerprint)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files (never the base model)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace OUT if it already holds files (never the base model)."
+    ),
 ) -> None:
     """Train a tiny model's vision tower to see every maze square (wall, agent, goal, open moves).
 
@@ -86,8 +93,10 @@ def pretrain_vision(
     with console.status(f"Pretraining the vision tower of {cfg.model.path} ..."):
         path = run(cfg, out, overwrite=overwrite)
     final = json.loads((path / "vlrl_vision_pretrain.json").read_text())["final"]
-    console.print(f"[green]Wrote[/green] {path} after {final['step']} steps: holdout agent square exact "
-                  f"{final['agent_exact']:.1%}, free squares exact {final['free_squares_exact']:.1%}")
+    console.print(
+        f"[green]Wrote[/green] {path} after {final['step']} steps: holdout agent square exact "
+        f"{final['agent_exact']:.1%}, free squares exact {final['free_squares_exact']:.1%}"
+    )
     console.print(f"fingerprint: {model_fingerprint(path)}", soft_wrap=True)
 
 
@@ -122,9 +131,13 @@ def info(model_dir: Path = typer.Argument(..., help="A local model directory (co
 
 @app.command("merge-vision")
 def merge_vision(
-    adapter: Path = typer.Argument(..., help="An adapter directory with LoRA on the vision tower (model.lora.include_vision)."),
+    adapter: Path = typer.Argument(
+        ..., help="An adapter directory with LoRA on the vision tower (model.lora.include_vision)."
+    ),
     base: Path = typer.Option(..., "--base", help="The base model directory the adapter was trained on."),
-    out: Path = typer.Option(..., "--out", "-o", help="New directory: OUT/base (vision half merged) and OUT/adapter (language half)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="New directory: OUT/base (vision half merged) and OUT/adapter (language half)."
+    ),
 ) -> None:
     """Split an adapter for serving: its vision-tower LoRA merged into a new base, the rest as an adapter of it.
 
@@ -140,5 +153,7 @@ def merge_vision(
     _quiet_transformers()
     with console.status(f"Merging the vision half of {adapter} into a copy of {base} ..."):
         new_base, new_adapter = merge_vision_into_base(base, adapter, out)
-    console.print(f"[green]Wrote[/green] {new_base} (fingerprint {model_fingerprint(new_base)}) and {new_adapter}", soft_wrap=True)
+    console.print(
+        f"[green]Wrote[/green] {new_base} (fingerprint {model_fingerprint(new_base)}) and {new_adapter}", soft_wrap=True
+    )
     console.print(f"serve with: vlrl serve --base {new_base} --adapter NAME={new_adapter}", soft_wrap=True)

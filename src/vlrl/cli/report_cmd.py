@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,7 +15,7 @@ def register(app: typer.Typer) -> None:
 
 def report(
     run_dir: Path = typer.Argument(..., help="The run directory (holds metrics.jsonl, config.yaml, ...)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
 ) -> None:
     """Write a self-contained HTML report of a run: learning curves with holdout evaluations and their
     95% intervals, where the time goes per step, throughput, evaluations, config and lineage.

@@ -11,23 +11,26 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from vlrl.cli.train_cmd import console
 from vlrl.errors import VlrlError
 
-endpoint_app = typer.Typer(no_args_is_help=True, help="Routes of a running `vlrl serve` server: status, hot swap, rollback.")
+endpoint_app = typer.Typer(
+    no_args_is_help=True, help="Routes of a running `vlrl serve` server: status, hot swap, rollback."
+)
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("play")(play)
-    app.add_typer(endpoint_app, name="endpoint", help="Routes of a running `vlrl serve` server: status, hot swap, rollback.")
+    app.add_typer(
+        endpoint_app, name="endpoint", help="Routes of a running `vlrl serve` server: status, hot swap, rollback."
+    )
 
 
-def resolve_api_key(api_key: Optional[str], api_key_file: Optional[Path] = None) -> str:
+def resolve_api_key(api_key: str | None, api_key_file: Path | None = None) -> str:
     """--api-key, else the file of --api-key-file, else VLRL_API_KEY; one of them is required.
 
     A key file is a token file (`vlrl.access.read_token_file`): missing, empty or readable by
@@ -43,31 +46,99 @@ def resolve_api_key(api_key: Optional[str], api_key_file: Optional[Path] = None)
     return api_key
 
 
-API_KEY_HELP = "API key or identity token (default: $VLRL_API_KEY). Prefer the environment or --api-key-file: a command line is visible to other users."
-KEY_FILE = typer.Option(None, "--api-key-file", help="Read the key or identity token from this file (mode 600; not readable by every user).")
+API_KEY_HELP = (
+    "API key or identity token (default: $VLRL_API_KEY). Prefer the environment or --api-key-file: a command line is "
+    "visible to other users."
+)
+KEY_FILE = typer.Option(
+    None, "--api-key-file", help="Read the key or identity token from this file (mode 600; not readable by every user)."
+)
 
 
 def serve(
-    base: Optional[Path] = typer.Option(None, "--base", help="Base model directory (local; its fingerprint must match every adapter's). Required."),
-    adapter: list[str] = typer.Option([], "--adapter", "-a", help="[NAME=]PATH of an adapter; repeat for several. A bare PATH is named after its run directory."),
-    registry: list[str] = typer.Option([], "--registry", "-r", help="NAME@ALIAS of the model registry, served as NAME-ALIAS (e.g. maze@production -> maze-production)."),
-    host: Optional[str] = typer.Option(None, "--host", help="Bind address (default serving.host, 127.0.0.1; 0.0.0.0 in a pod)."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port (default serving.port, 8000)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
-    api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="Read the API key from this file (e.g. a mounted Kubernetes Secret); its holder is identity `admin`."),
-    tokens_dir: Optional[Path] = typer.Option(None, "--tokens-dir", help="Identities instead of one key: NAME.token files (one per identity) and roles.yaml (NAME: viewer|trainer|approver|admin). docs/security.md."),
-    roles: Optional[Path] = typer.Option(None, "--roles", help="With --tokens-dir: the roles file (default: TOKENS_DIR/roles.yaml)."),
-    audit_log: Optional[Path] = typer.Option(None, "--audit-log", help="Append every route change, load and unload (allowed or refused, with the identity) to this JSONL file (default: the server's log)."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Longest request in tokens (default serving.max_model_len)."),
-    max_loras: Optional[int] = typer.Option(None, "--max-loras", help="Adapters resident at once (default serving.max_loras)."),
-    max_lora_rank: Optional[int] = typer.Option(None, "--max-lora-rank", help="Largest LoRA rank accepted, also for later swaps (default: fits the adapters given)."),
-    kv_cache_mb: Optional[int] = typer.Option(None, "--kv-cache-mb", help="KV cache in MiB (default: vLLM's on GPU, 256 on CPU)."),
-    max_images: Optional[int] = typer.Option(None, "--max-images", help="Images per request (default serving.max_images)."),
-    registry_uri: Optional[str] = typer.Option(None, "--registry-uri", help="Model registry (MLflow URI or .db path); default: the config's registry.uri, else its tracking store."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: the dtype the base's weights are stored in)."),
-    watch: float = typer.Option(0.0, "--watch", help="With --registry: check the aliases every this many seconds and hot-swap on a promotion or rollback (0: off)."),
-    vllm_arg: list[str] = typer.Option([], "--vllm-arg", help="Extra argument for vLLM's server, e.g. --vllm-arg=--max-num-seqs=64; repeat."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config whose `serving` section gives the defaults."),
+    base: Path | None = typer.Option(
+        None, "--base", help="Base model directory (local; its fingerprint must match every adapter's). Required."
+    ),
+    adapter: list[str] = typer.Option(
+        [],
+        "--adapter",
+        "-a",
+        help="[NAME=]PATH of an adapter; repeat for several. A bare PATH is named after its run directory.",
+    ),
+    registry: list[str] = typer.Option(
+        [],
+        "--registry",
+        "-r",
+        help="NAME@ALIAS of the model registry, served as NAME-ALIAS (e.g. maze@production -> maze-production).",
+    ),
+    host: str | None = typer.Option(
+        None, "--host", help="Bind address (default serving.host, 127.0.0.1; 0.0.0.0 in a pod)."
+    ),
+    port: int | None = typer.Option(None, "--port", help="Port (default serving.port, 8000)."),
+    api_key: str | None = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Path | None = typer.Option(
+        None,
+        "--api-key-file",
+        help="Read the API key from this file (e.g. a mounted Kubernetes Secret); its holder is identity `admin`.",
+    ),
+    tokens_dir: Path | None = typer.Option(
+        None,
+        "--tokens-dir",
+        help=(
+            "Identities instead of one key: NAME.token files (one per identity) and roles.yaml (NAME: "
+            "viewer|trainer|approver|admin). docs/security.md."
+        ),
+    ),
+    roles: Path | None = typer.Option(
+        None, "--roles", help="With --tokens-dir: the roles file (default: TOKENS_DIR/roles.yaml)."
+    ),
+    audit_log: Path | None = typer.Option(
+        None,
+        "--audit-log",
+        help=(
+            "Append every route change, load and unload (allowed or refused, with the identity) to this JSONL file "
+            "(default: the server's log)."
+        ),
+    ),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", help="Longest request in tokens (default serving.max_model_len)."
+    ),
+    max_loras: int | None = typer.Option(
+        None, "--max-loras", help="Adapters resident at once (default serving.max_loras)."
+    ),
+    max_lora_rank: int | None = typer.Option(
+        None,
+        "--max-lora-rank",
+        help="Largest LoRA rank accepted, also for later swaps (default: fits the adapters given).",
+    ),
+    kv_cache_mb: int | None = typer.Option(
+        None, "--kv-cache-mb", help="KV cache in MiB (default: vLLM's on GPU, 256 on CPU)."
+    ),
+    max_images: int | None = typer.Option(
+        None, "--max-images", help="Images per request (default serving.max_images)."
+    ),
+    registry_uri: str | None = typer.Option(
+        None,
+        "--registry-uri",
+        help="Model registry (MLflow URI or .db path); default: the config's registry.uri, else its tracking store.",
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="float32 | bfloat16 | float16 (default: the dtype the base's weights are stored in)."
+    ),
+    watch: float = typer.Option(
+        0.0,
+        "--watch",
+        help=(
+            "With --registry: check the aliases every this many seconds and hot-swap on a promotion or rollback (0: "
+            "off)."
+        ),
+    ),
+    vllm_arg: list[str] = typer.Option(
+        [], "--vllm-arg", help="Extra argument for vLLM's server, e.g. --vllm-arg=--max-num-seqs=64; repeat."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Run config whose `serving` section gives the defaults."
+    ),
 ) -> None:
     """Serve a base model with LoRA adapters through vLLM's OpenAI-compatible API, API key required.
 
@@ -86,7 +157,10 @@ def serve(
         from vlrl.access import Identities, new_token
 
         if api_key or api_key_file:
-            raise VlrlError("give either --tokens-dir (one token per identity) or --api-key/--api-key-file (one admin key), not both")
+            raise VlrlError(
+                "give either --tokens-dir (one token per identity) or --api-key/--api-key-file (one admin key), "
+                "not both"
+            )
         Identities.from_dir(tokens_dir, roles)  # every token file and role checked before anything starts
         key = new_token() if watch else None  # the watcher's own token (identity registry-watch, approver)
     else:
@@ -106,12 +180,22 @@ def serve(
     if watch and not registry:
         raise VlrlError("--watch follows registry aliases; it needs --registry NAME@ALIAS")
     options = ServeOptions(
-        base=base, adapters=specs, api_key=key,
-        host=host or s.host, port=port or s.port,
-        max_model_len=max_model_len or s.max_model_len, max_loras=max_loras or s.max_loras,
-        max_lora_rank=max_lora_rank or s.max_lora_rank, kv_cache_mb=kv_cache_mb or s.kv_cache_mb,
-        max_images=max_images or s.max_images, dtype=dtype, extra_args=list(vllm_arg),
-        tokens_dir=tokens_dir, roles_file=roles, audit_log=audit_log, watch_token=key if tokens_dir is not None else None,
+        base=base,
+        adapters=specs,
+        api_key=key,
+        host=host or s.host,
+        port=port or s.port,
+        max_model_len=max_model_len or s.max_model_len,
+        max_loras=max_loras or s.max_loras,
+        max_lora_rank=max_lora_rank or s.max_lora_rank,
+        kv_cache_mb=kv_cache_mb or s.kv_cache_mb,
+        max_images=max_images or s.max_images,
+        dtype=dtype,
+        extra_args=list(vllm_arg),
+        tokens_dir=tokens_dir,
+        roles_file=roles,
+        audit_log=audit_log,
+        watch_token=key if tokens_dir is not None else None,
     )
     server = VllmServer(options)
     stopping = threading.Event()
@@ -140,8 +224,9 @@ def serve(
         raise VlrlError(f"the vLLM server exited on its own with status {code}")
 
 
-def _follow_registry(url: str, api_key: str, watched: list[tuple[str, str, str]], config: Optional[Path],
-                     registry_uri: Optional[str]) -> list[tuple[str, str, str]]:
+def _follow_registry(
+    url: str, api_key: str, watched: list[tuple[str, str, str]], config: Path | None, registry_uri: str | None
+) -> list[tuple[str, str, str]]:
     """Swap every watched NAME@ALIAS whose version changed since the last check."""
     from vlrl.serve.from_registry import registry_adapter
     from vlrl.serve.swap import ServeClient, swap_to
@@ -152,7 +237,10 @@ def _follow_registry(url: str, api_key: str, watched: list[tuple[str, str, str]]
             spec, now = registry_adapter(ref, config, registry_uri)
             if now != version:
                 result = swap_to(ServeClient(url, api_key), spec)
-                console.print(f"{ref}: version {version} -> {now}; {name} now routes to {result.target} ({result.seconds:.2f} s)", highlight=False)
+                console.print(
+                    f"{ref}: version {version} -> {now}; {name} now routes to {result.target} ({result.seconds:.2f} s)",
+                    highlight=False,
+                )
                 version = now
         except VlrlError as exc:  # keep serving what we have; say why the swap did not happen
             console.print(f"[red]{ref}: swap skipped: {exc}[/]", highlight=False)
@@ -162,14 +250,23 @@ def _follow_registry(url: str, api_key: str, watched: list[tuple[str, str, str]]
 
 def play(
     url: str = typer.Option(..., "--url", help="The server, e.g. http://127.0.0.1:8000 (or .../v1)."),
-    model: str = typer.Option(..., "--model", help="Model name to play: a public adapter name (see `vlrl endpoint status`), a version NAME:TAG, or the base."),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        help="Model name to play: a public adapter name (see `vlrl endpoint status`), a version NAME:TAG, or the base.",
+    ),
     split: str = typer.Option("holdout", "--split", help="holdout | adversarial | train."),
-    n: Optional[int] = typer.Option(None, "-n", help="Number of tasks (default: the whole split)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config for env/rollout settings: use the one the adapter was trained and evaluated with."),
+    n: int | None = typer.Option(None, "-n", help="Number of tasks (default: the whole split)."),
+    api_key: str | None = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="Run config for env/rollout settings: use the one the adapter was trained and evaluated with.",
+    ),
     sampled: bool = typer.Option(False, "--sampled", help="Sample at rollout.temperature instead of greedy decoding."),
     concurrency: int = typer.Option(8, "--concurrency", help="Episodes played at once."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write summary.json and traces.jsonl here."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write summary.json and traces.jsonl here."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides of the run config."),
 ) -> None:
     """Play episodes of the config's env against a served model (openai client, images as data URLs) and print the
@@ -200,8 +297,8 @@ def play(
 @endpoint_app.command("status")
 def endpoint_status(
     url: str = typer.Option(..., "--url", help="The server, e.g. http://127.0.0.1:8000."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
-    api_key_file: Optional[Path] = KEY_FILE,
+    api_key: str | None = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Path | None = KEY_FILE,
 ) -> None:
     """Routes (public name -> version), loaded versions and requests in flight.
 
@@ -222,14 +319,23 @@ def endpoint_status(
 def endpoint_swap(
     url: str = typer.Option(..., "--url", help="The server, e.g. http://127.0.0.1:8000."),
     name: str = typer.Option(..., "--name", help="Public name to move (e.g. maze-production)."),
-    adapter: Optional[Path] = typer.Option(None, "--adapter", help="Adapter directory of the new version (readable by the server at this path)."),
-    registry: Optional[str] = typer.Option(None, "--registry", help="Or NAME@ALIAS: the version the registry alias points to now."),
-    registry_uri: Optional[str] = typer.Option(None, "--registry-uri", help="Model registry (MLflow URI or .db path); default: the config's."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config whose `registry` section locates the registry."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
-    api_key_file: Optional[Path] = KEY_FILE,
+    adapter: Path | None = typer.Option(
+        None, "--adapter", help="Adapter directory of the new version (readable by the server at this path)."
+    ),
+    registry: str | None = typer.Option(
+        None, "--registry", help="Or NAME@ALIAS: the version the registry alias points to now."
+    ),
+    registry_uri: str | None = typer.Option(
+        None, "--registry-uri", help="Model registry (MLflow URI or .db path); default: the config's."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="Run config whose `registry` section locates the registry."
+    ),
+    api_key: str | None = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Path | None = KEY_FILE,
 ) -> None:
-    """Load a new version and route NAME to it (role approver), with no failed request; the old one stays loaded for rollback.
+    """Load a new version and route NAME to it (role approver), with no failed request; the old one stays loaded for
+    rollback.
 
     Example: vlrl endpoint swap --url http://127.0.0.1:8000 --name maze --adapter runs/grpo-2/adapter
     """
@@ -253,8 +359,8 @@ def endpoint_swap(
 def endpoint_rollback(
     url: str = typer.Option(..., "--url", help="The server, e.g. http://127.0.0.1:8000."),
     name: str = typer.Option(..., "--name", help="Public name to move back."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", help=API_KEY_HELP),
-    api_key_file: Optional[Path] = KEY_FILE,
+    api_key: str | None = typer.Option(None, "--api-key", help=API_KEY_HELP),
+    api_key_file: Path | None = KEY_FILE,
 ) -> None:
     """Route NAME back to the version it served before the current one (role approver).
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -30,7 +29,13 @@ def resume_run_dir(config: RunConfig, resume: str | None) -> Path:
     here already (the trainer checks again, with the base weights and the tasks).
     """
     from vlrl.errors import VlrlError
-    from vlrl.training.checkpoint import CheckpointStore, check_resume_config, find_checkpoint, read_checkpoint, run_dir_of
+    from vlrl.training.checkpoint import (
+        CheckpointStore,
+        check_resume_config,
+        find_checkpoint,
+        read_checkpoint,
+        run_dir_of,
+    )
 
     if resume is None:
         run_dir = run_dir_for(config, "grpo")
@@ -43,7 +48,10 @@ def resume_run_dir(config: RunConfig, resume: str | None) -> Path:
         return run_dir
     if resume == "auto":
         if not config.storage.run_name:
-            raise VlrlError("--resume auto continues the run that storage.run_name names; set it (the name the run was started with)")
+            raise VlrlError(
+                "--resume auto continues the run that storage.run_name names; set it (the name the run was "
+                "started with)"
+            )
         run_dir = run_dir_for(config, "grpo")
         path = find_checkpoint(resume, str(run_dir / "checkpoints"), quiet=True)
     else:
@@ -78,15 +86,21 @@ def register(app: typer.Typer) -> None:
 def train(
     config: Path = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.steps=5."),
-    init_adapter: Optional[Path] = typer.Option(None, "--init-adapter", help="Start from this adapter (e.g. an SFT warm start)."),
-    resume: Optional[str] = typer.Option(
-        None, "--resume",
-        help="auto: continue this run (storage.run_name) from its newest valid checkpoint, or start it when it has none; "
+    init_adapter: Path | None = typer.Option(
+        None, "--init-adapter", help="Start from this adapter (e.g. an SFT warm start)."
+    ),
+    resume: str | None = typer.Option(
+        None,
+        "--resume",
+        help="auto: continue this run (storage.run_name) from its newest valid checkpoint, or start it when it has "
+        "none; "
         "or a checkpoint directory, a run's checkpoints directory or a run directory.",
     ),
-    address: Optional[str] = typer.Option(
-        None, "--address",
-        help="Ray cluster to join (HEAD:6379, ray://HEAD:10001, or auto). Default: RAY_ADDRESS, else a local Ray instance.",
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster to join (HEAD:6379, ray://HEAD:10001, or auto). Default: RAY_ADDRESS, else a local Ray "
+        "instance.",
     ),
     quiet: bool = typer.Option(False, "--quiet", help="One line per step instead of a progress bar (for jobs)."),
 ) -> None:
@@ -113,8 +127,9 @@ def train(
 
         was_connected = ray.is_initialized()
     try:
-        out = train_with_progress(cfg, run_dir, init_adapter=str(init_adapter) if init_adapter else None,
-                                  resume=resume, quiet=quiet)
+        out = train_with_progress(
+            cfg, run_dir, init_adapter=str(init_adapter) if init_adapter else None, resume=resume, quiet=quiet
+        )
     finally:
         if on_ray and not was_connected and ray.is_initialized():
             ray.shutdown()  # connected for this run: ends its workers and placement group (a local instance stops)
@@ -124,11 +139,15 @@ def train(
 def sft(
     config: Path = typer.Argument(..., help="YAML run config (train.sft holds the SFT settings)."),
     overrides: list[str] = typer.Argument(None, help="Dotted overrides, e.g. train.sft.episodes=256."),
-    out: Optional[Path] = typer.Option(
-        None, "--out", "-o",
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
         help="New directory for the adapter, or the model with train.sft.mode=full (default: RUN_DIR/sft-adapter).",
     ),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT if it already holds files (never the base model)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace OUT if it already holds files (never the base model)."
+    ),
 ) -> None:
     """Behaviour-clone the BFS oracle into a LoRA adapter (the SFT warm start and baseline).
 

@@ -19,6 +19,18 @@ from vlrl.envs.base import (
 )
 
 __all__ = [
-    "SPLITS", "Env", "Observation", "StepResult", "Task", "build_split", "make_env", "overlapping_tasks",
-    "register_env", "registered_envs", "replay_trace", "split_version", "step_all", "task_content_hash",
+    "SPLITS",
+    "Env",
+    "Observation",
+    "StepResult",
+    "Task",
+    "build_split",
+    "make_env",
+    "overlapping_tasks",
+    "register_env",
+    "registered_envs",
+    "replay_trace",
+    "split_version",
+    "step_all",
+    "task_content_hash",
 ]

@@ -73,7 +73,13 @@ class Task:
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict that `Task.from_json` reads back into an equal task."""
-        return {"env": self.env, "split": self.split, "index": self.index, "seed": self.seed, "params": dict(self.params)}
+        return {
+            "env": self.env,
+            "split": self.split,
+            "index": self.index,
+            "seed": self.seed,
+            "params": dict(self.params),
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> Task:
@@ -246,8 +252,14 @@ def env_config(data: Any) -> EnvConfigBase:
         hint = did_you_mean(str(name), known)
         raise ValidationError.from_exception_data(
             "env",
-            [{"type": "value_error", "loc": ("name",), "input": name,
-              "ctx": {"error": ValueError(f"unknown environment '{name}'; {hint}")}}],
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("name",),
+                    "input": name,
+                    "ctx": {"error": ValueError(f"unknown environment '{name}'; {hint}")},
+                }
+            ],
         )
     return _REGISTRY[name].config_class.model_validate({**data, "name": name})
 

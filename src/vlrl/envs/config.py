@@ -32,19 +32,30 @@ class EnvConfigBase(Section):
     # the adversarial split is evaluation only. A subclass adds its own evaluation-only keys.
     resume_safe_keys: ClassVar[tuple[str, ...]] = ("adversarial",)
 
-    name: str = Field(..., description="Registered environment; selects the config class that validates this section (`vlrl config show --doc --env NAME` lists its fields).")
+    name: str = Field(
+        ...,
+        description=(
+            "Registered environment; selects the config class that validates this section (`vlrl config show --doc "
+            "--env NAME` lists its fields)."
+        ),
+    )
     max_turns: int = Field(18, ge=1, le=256, description="Episode length limit in model turns.")
-    train: SplitConfig = Field(default_factory=lambda: SplitConfig(seed_start=0, count=100_000), description="Training tasks.")
+    train: SplitConfig = Field(
+        default_factory=lambda: SplitConfig(seed_start=0, count=100_000), description="Training tasks."
+    )
     holdout: SplitConfig = Field(
         default_factory=lambda: SplitConfig(seed_start=10_000_000, count=200), description="Held-out evaluation tasks."
     )
     adversarial: SplitConfig = Field(
-        default_factory=lambda: SplitConfig(seed_start=20_000_000, count=200), description="Adversarial evaluation tasks."
+        default_factory=lambda: SplitConfig(seed_start=20_000_000, count=200),
+        description="Adversarial evaluation tasks.",
     )
 
     @model_validator(mode="after")
-    def _check_seed_ranges(self) -> "EnvConfigBase":
-        ranges = {s: (getattr(self, s).seed_start, getattr(self, s).seed_start + getattr(self, s).count) for s in SPLITS}
+    def _check_seed_ranges(self) -> EnvConfigBase:
+        ranges = {
+            s: (getattr(self, s).seed_start, getattr(self, s).seed_start + getattr(self, s).count) for s in SPLITS
+        }
         for i, a in enumerate(SPLITS):
             for b in SPLITS[i + 1 :]:
                 (a0, a1), (b0, b1) = ranges[a], ranges[b]

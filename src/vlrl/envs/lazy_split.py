@@ -16,7 +16,8 @@ MakeTask = Callable[[Any, str, int, "set | None"], Task]
 class LazySplit(Sequence[Task]):
     """The tasks of one split, computed on first access and memoised; indexable and iterable.
 
-    `version_of(config, split)` is the split's version. Train tasks are random-access: `make_task(config, "train", index, None)`, so a 100k-task
+    `version_of(config, split)` is the split's version. Train tasks are random-access: `make_task(config, "train",
+    index, None)`, so a 100k-task
     train split costs nothing to list. Held-out tasks are distinct, so they are built in order,
     each by `make_task(config, split, index, used)` with `used` the distinct keys of the tasks
     before it (which it extends).

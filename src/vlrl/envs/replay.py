@@ -18,13 +18,19 @@ from vlrl.errors import VlrlError
 TRACE_KEYS = ("format", "task", "settings", "turns", "success", "return")
 
 
-def episode_trace(env: Any, trace_format: str, content_key: str, content: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def episode_trace(
+    env: Any, trace_format: str, content_key: str, content: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
     """The trace of `env`'s episode: format, env, task, its content (e.g. "maze": the maze JSON),
     the settings that decide rewards (max_turns, stop_required, rewards; the maze's end_when_lost
     where on), the turns, `extra`, and
     the outcome (done, success, return)."""
     config = env.config
-    settings = {"max_turns": config.max_turns, "stop_required": config.stop_required, "rewards": config.rewards.model_dump()}
+    settings = {
+        "max_turns": config.max_turns,
+        "stop_required": config.stop_required,
+        "rewards": config.rewards.model_dump(),
+    }
     if getattr(config, "end_when_lost", False):  # the maze's early end; absent (off) in every older trace
         settings["end_when_lost"] = True
     return {
@@ -41,7 +47,9 @@ def episode_trace(env: Any, trace_format: str, content_key: str, content: dict[s
     }
 
 
-def replay_env_trace(cls: type, trace: dict[str, Any], trace_format: str, content_key: str, read_content) -> dict[str, Any]:
+def replay_env_trace(
+    cls: type, trace: dict[str, Any], trace_format: str, content_key: str, read_content
+) -> dict[str, Any]:
     """Replay `trace` with env class `cls`: check it, rebuild the config from its settings, start
     `cls.start(task, read_content(trace[content_key]))` (images off) and compare every turn.
 
@@ -67,8 +75,13 @@ def settings_config(config_class: type, name: str, settings: Any):
     end_when_lost where it was on) describe."""
     try:
         extra = {"end_when_lost": settings["end_when_lost"]} if "end_when_lost" in settings else {}
-        return config_class(name=name, max_turns=settings["max_turns"], stop_required=settings["stop_required"],
-                            rewards=settings["rewards"], **extra)
+        return config_class(
+            name=name,
+            max_turns=settings["max_turns"],
+            stop_required=settings["stop_required"],
+            rewards=settings["rewards"],
+            **extra,
+        )
     except (ValidationError, KeyError, TypeError) as exc:
         raise VlrlError(f"trace settings are invalid ({str(exc).splitlines()[0]})") from None
 
@@ -88,11 +101,19 @@ def replay_responses(env: Any, trace: dict[str, Any]) -> dict[str, Any]:
         env.step(str(recorded.get("response", "")))
         for key, value in env.turns[-1].items():
             want = recorded.get(key)
-            same = abs(float(want) - value) < 1e-9 if key == "reward" and isinstance(want, (int, float)) else want == value
+            same = (
+                abs(float(want) - value) < 1e-9 if key == "reward" and isinstance(want, (int, float)) else want == value
+            )
             if not same:
                 problems.append(f"turn {i}: {key} is {want!r} in the trace but {value!r} on replay")
     if env.success != trace["success"]:
         problems.append(f"success is {trace['success']!r} in the trace but {env.success!r} on replay")
     if not isinstance(trace["return"], (int, float)) or abs(trace["return"] - env.episode_return) > 1e-9:
         problems.append(f"return is {trace['return']!r} in the trace but {env.episode_return!r} on replay")
-    return {"success": env.success, "return": env.episode_return, "turns": len(env.turns), "matches": not problems, "problems": problems}
+    return {
+        "success": env.success,
+        "return": env.episode_return,
+        "turns": len(env.turns),
+        "matches": not problems,
+        "problems": problems,
+    }

@@ -111,14 +111,18 @@ class EvalResult:
         """{task key: solved} for every episode, what a paired comparison matches on."""
         missing = [i for i, e in enumerate(self.episodes) if "task_key" not in e]
         if missing:
-            raise VlrlError(f"result {self.label} has episodes without a task key (e.g. #{missing[0]}); re-run `vlrl eval` "
-                            "with this version of vlrl to compare it task by task")
+            raise VlrlError(
+                f"result {self.label} has episodes without a task key (e.g. #{missing[0]}); re-run `vlrl eval` "
+                "with this version of vlrl to compare it task by task"
+            )
         return {e["task_key"]: e["success"] > 0 for e in self.episodes}
 
     def as_metrics(self, prefix: str) -> dict[str, float]:
         """The summary's top-level numbers as {prefix/name: value}."""
         s = self.summary()
-        return {f"{prefix}/{k}": float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return {
+            f"{prefix}/{k}": float(v) for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
 
     def save(self, out_dir: str | Path) -> Path:
         """Write summary.json and traces.jsonl (one episode trace per line)."""
@@ -145,11 +149,20 @@ def result_from_episodes(episodes: list[Episode], label: str, split: str, decodi
 
 
 def evaluate_engine(
-    engine: RolloutEngine, chat: ChatFormat, config: RunConfig, tasks: list[Task], *, greedy: bool, label: str, seed: int = 0
+    engine: RolloutEngine,
+    chat: ChatFormat,
+    config: RunConfig,
+    tasks: list[Task],
+    *,
+    greedy: bool,
+    label: str,
+    seed: int = 0,
 ) -> EvalResult:
     """One episode per task; greedy decoding, or sampling at the rollout temperature."""
     r = config.rollout
-    params = SamplingParams(temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+    params = SamplingParams(
+        temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed
+    )
     episodes = run_episodes(engine, chat, config.env, tasks, 1, params, r.max_model_len)
     split = tasks[0].split if tasks else "?"
     return result_from_episodes(episodes, label, split, "greedy" if greedy else f"sampled T={r.temperature}")
@@ -169,12 +182,23 @@ def _group_label(results: list[EvalResult]) -> str:
 def results_table(results: list[EvalResult], title: str = "evaluation") -> Table:
     """Models side by side: success with its 95% interval, turns against the optimum, invalid rate."""
     table = Table(title=title)
-    for col in ("model", "split", "decoding", "n", "success [95% CI]", "turns (won) / optimal", "invalid", f"by {_group_label(results)}"):
+    for col in (
+        "model",
+        "split",
+        "decoding",
+        "n",
+        "success [95% CI]",
+        "turns (won) / optimal",
+        "invalid",
+        f"by {_group_label(results)}",
+    ):
         table.add_column(col)
     for r in results:
         s = r.summary()
         groups = " ".join(f"{k}:{v:.0%}" for k, v in s["success_by_group"].items())
-        table.add_row(r.label, r.split, r.decoding, str(s["n"]), r.success.format(), _turns(s), f"{s['invalid_rate']:.1%}", groups)
+        table.add_row(
+            r.label, r.split, r.decoding, str(s["n"]), r.success.format(), _turns(s), f"{s['invalid_rate']:.1%}", groups
+        )
     return table
 
 
@@ -188,7 +212,9 @@ def group_table(results: list[EvalResult], title: str | None = None) -> Table:
     for r in results:
         for group, row in r.summary()["by_group"].items():
             p = Proportion(row["successes"], row["n"])
-            table.add_row(r.label, r.decoding, group, str(row["n"]), p.format(), _turns(row), f"{row['invalid_rate']:.1%}")
+            table.add_row(
+                r.label, r.decoding, group, str(row["n"]), p.format(), _turns(row), f"{row['invalid_rate']:.1%}"
+            )
     return table
 
 
@@ -200,7 +226,7 @@ def pair_results(a: EvalResult, b: EvalResult) -> PairedComparison:
 def result_pairs(results: list[EvalResult]) -> list[tuple[EvalResult, EvalResult]]:
     """(later, earlier) for every two results of the same decoding, in the given order: with
     [base, sft, grpo] that is sft vs base, grpo vs base, grpo vs sft."""
-    return [(b, a) for i, a in enumerate(results) for b in results[i + 1:] if a.decoding == b.decoding]
+    return [(b, a) for i, a in enumerate(results) for b in results[i + 1 :] if a.decoding == b.decoding]
 
 
 def paired_table(results: list[EvalResult], title: str = "paired comparisons (same tasks)") -> Table:
@@ -211,8 +237,15 @@ def paired_table(results: list[EvalResult], title: str = "paired comparisons (sa
         table.add_column(col)
     for a, b in result_pairs(results):
         pc = pair_results(a, b)
-        table.add_row(f"{a.label} vs {b.label}", a.decoding, str(pc.n), str(pc.only_a), str(pc.only_b),
-                      pc.format_difference(), format_p(pc.p_value))
+        table.add_row(
+            f"{a.label} vs {b.label}",
+            a.decoding,
+            str(pc.n),
+            str(pc.only_a),
+            str(pc.only_b),
+            pc.format_difference(),
+            format_p(pc.p_value),
+        )
     return table
 
 

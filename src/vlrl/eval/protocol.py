@@ -49,8 +49,10 @@ def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
     else:
         overlap = [a.task_id for a, _ in overlapping_tasks(list(tasks), build_split(config.env, "train"))]
     if overlap:
-        raise VlrlError(f"{len(overlap)} evaluation task(s) also appear in the training split (the same wall layout "
-                        f"counts), e.g. {overlap[0]}")
+        raise VlrlError(
+            f"{len(overlap)} evaluation task(s) also appear in the training split (the same wall layout "
+            f"counts), e.g. {overlap[0]}"
+        )
 
 
 def tasks_hash(tasks: list[Task]) -> str:
@@ -89,7 +91,9 @@ def check_not_trained_on(config: RunConfig, split: str, tasks: list[Task], path:
             raise VlrlError(f"{label} was trained on the train split (per {record['source']}); {hint}")
         return
     if split_version(config.env, split) == trained.get("version"):
-        raise VlrlError(f"{label} was trained on this {split} split (version {trained.get('version')}, per its lineage); {hint}")
+        raise VlrlError(
+            f"{label} was trained on this {split} split (version {trained.get('version')}, per its lineage); {hint}"
+        )
     lo, hi = trained.get("seed_start", 0), trained.get("seed_end", 0)
     inside = [t for t in tasks if lo <= t.seed < hi]
     if inside:
@@ -104,8 +108,12 @@ def model_identity(model_dir: str | Path, adapter_dir: str | None) -> dict[str, 
     from vlrl.models.fingerprint import model_fingerprint
     from vlrl.tracking.lineage import adapter_info
 
-    identity: dict[str, Any] = {"path": str(Path(model_dir).resolve()), "base_fingerprint": model_fingerprint(model_dir),
-                                "adapter_path": None, "adapter_fingerprint": None}
+    identity: dict[str, Any] = {
+        "path": str(Path(model_dir).resolve()),
+        "base_fingerprint": model_fingerprint(model_dir),
+        "adapter_path": None,
+        "adapter_fingerprint": None,
+    }
     if adapter_dir is not None:
         info = adapter_info(adapter_dir)
         if info["base_fingerprint"] != identity["base_fingerprint"]:
@@ -113,8 +121,14 @@ def model_identity(model_dir: str | Path, adapter_dir: str | None) -> dict[str, 
                 f"adapter {adapter_dir} was trained on base model {info['base_fingerprint']}, but the base model "
                 f"{model_dir} is {identity['base_fingerprint']}; pass the matching --model"
             )
-        identity.update({"adapter_path": info["path"], "adapter_fingerprint": info["fingerprint"],
-                         "run_dir": info.get("run_dir"), "mlflow_run_id": info.get("mlflow_run_id")})
+        identity.update(
+            {
+                "adapter_path": info["path"],
+                "adapter_fingerprint": info["fingerprint"],
+                "run_dir": info.get("run_dir"),
+                "mlflow_run_id": info.get("mlflow_run_id"),
+            }
+        )
     return identity
 
 
@@ -129,17 +143,28 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     model_dir = ensure_model(config.model)
     processor = load_processor(model_dir)
     chat = ChatFormat(processor)
-    model = load_policy_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation,
-                              device=worker_device(config))
+    model = load_policy_model(
+        model_dir,
+        dtype=config.model.dtype,
+        attn_implementation=config.model.attn_implementation,
+        device=worker_device(config),
+    )
     if adapter_dir:
         model = load_adapter(model, adapter_dir)
     tok = processor.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else chat.eos_id
-    engine = TransformersEngine(model, tok, vision_special_token_ids(processor), eos_token_id=chat.eos_id,
-                                pad_token_id=pad, batch_size=config.rollout.batch_size,
-                                max_batch_tokens=config.rollout.max_batch_tokens,
-                                vision_cache_mb=config.rollout.vision_cache_mb,
-                                fast_decode=config.rollout.fast_decode, compile_decode=config.rollout.compile_decode)
+    engine = TransformersEngine(
+        model,
+        tok,
+        vision_special_token_ids(processor),
+        eos_token_id=chat.eos_id,
+        pad_token_id=pad,
+        batch_size=config.rollout.batch_size,
+        max_batch_tokens=config.rollout.max_batch_tokens,
+        vision_cache_mb=config.rollout.vision_cache_mb,
+        fast_decode=config.rollout.fast_decode,
+        compile_decode=config.rollout.compile_decode,
+    )
     return engine, chat
 
 
@@ -194,26 +219,43 @@ def evaluate_models(
                 check_not_trained_on(config, split, tasks, model_dir, f"model {label}")
     if not force and any(model_dir is None for _, model_dir, _ in models) and Path(config.model.path).is_dir():
         check_not_trained_on(config, split, tasks, config.model.path, f"model {config.model.path}")
-    common = {"split_version": split_version(config.env, split), "tasks_hash": tasks_hash(tasks), "env": config.env.name,
-              "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    common = {
+        "split_version": split_version(config.env, split),
+        "tasks_hash": tasks_hash(tasks),
+        "env": config.env.name,
+        "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     plans = []
     for label, model_dir, adapter in models:
-        cfg = config if model_dir is None else config.model_copy(update={"model": config.model.model_copy(update={"path": str(model_dir)})})
-        plans.append((label, cfg, adapter, model_identity(ensure_model(cfg.model), adapter)))  # guard 3 before any loading
+        cfg = (
+            config
+            if model_dir is None
+            else config.model_copy(update={"model": config.model.model_copy(update={"path": str(model_dir)})})
+        )
+        plans.append(
+            (label, cfg, adapter, model_identity(ensure_model(cfg.model), adapter))
+        )  # guard 3 before any loading
     results = []
     for label, cfg, adapter, identity in plans:
         engine, chat = load_engine(cfg, adapter)
         for decoding in decodings:
-            result = evaluate_engine(engine, chat, config, tasks, greedy=decoding == "greedy", label=label, seed=config.train.seed)
+            result = evaluate_engine(
+                engine, chat, config, tasks, greedy=decoding == "greedy", label=label, seed=config.train.seed
+            )
             result.meta = {**common, "model": identity}
             if out_dir is not None:
                 result.save(Path(out_dir) / result_dir_name(label, decoding))
             results.append(result)
     if out_dir is not None:
-        index = [{"dir": result_dir_name(r.label, "greedy" if r.decoding == "greedy" else "sampled"), **r.summary()} for r in results]
+        index = [
+            {"dir": result_dir_name(r.label, "greedy" if r.decoding == "greedy" else "sampled"), **r.summary()}
+            for r in results
+        ]
         (Path(out_dir) / "results.json").write_text(json.dumps(index, indent=1))
-        paired = [{"a": a.label, "b": b.label, "decoding": a.decoding, **pair_results(a, b).to_json()}
-                  for a, b in result_pairs(results)]
+        paired = [
+            {"a": a.label, "b": b.label, "decoding": a.decoding, **pair_results(a, b).to_json()}
+            for a, b in result_pairs(results)
+        ]
         if paired:
             (Path(out_dir) / "paired.json").write_text(json.dumps(paired, indent=1))
     return results

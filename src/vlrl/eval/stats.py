@@ -161,11 +161,22 @@ class PairedComparison:
     def to_json(self) -> dict[str, float | int]:
         """The table, the difference with its interval and the p-value, as plain numbers."""
         low, high = self.interval
-        return {"n": self.n, "both": self.both, "only_a": self.only_a, "only_b": self.only_b, "neither": self.neither,
-                "difference": self.difference, "difference_low": low, "difference_high": high, "p_value": self.p_value}
+        return {
+            "n": self.n,
+            "both": self.both,
+            "only_a": self.only_a,
+            "only_b": self.only_b,
+            "neither": self.neither,
+            "difference": self.difference,
+            "difference_low": low,
+            "difference_high": high,
+            "p_value": self.p_value,
+        }
 
 
-def pair_outcomes(a: Mapping[str, bool], b: Mapping[str, bool], label_a: str = "A", label_b: str = "B") -> PairedComparison:
+def pair_outcomes(
+    a: Mapping[str, bool], b: Mapping[str, bool], label_a: str = "A", label_b: str = "B"
+) -> PairedComparison:
     """The paired table of two models' per-task outcomes ({task key: solved}), matched by task key.
 
     Refuses (VlrlError) unless both played exactly the same tasks: a paired test over different

@@ -61,10 +61,17 @@ def read_traces(traces_file: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise VlrlError(f"{path} does not exist or is not a file; pass a traces.jsonl or traces.jsonl.gz")
     try:
-        with (gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")) as f:
+        with gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8") as f:
             lines = f.read().splitlines()
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # BadGzipFile is an OSError, a cut-off gzip an EOFError
-        raise VlrlError(f"{path} could not be read as {'gzip' if path.name.endswith('.gz') else 'text'} ({exc})") from None
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+        UnicodeDecodeError,
+    ) as exc:  # BadGzipFile is an OSError, a cut-off gzip an EOFError
+        raise VlrlError(
+            f"{path} could not be read as {'gzip' if path.name.endswith('.gz') else 'text'} ({exc})"
+        ) from None
     traces = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -95,8 +102,11 @@ def verify_traces(traces_file: str | Path) -> VerifyReport:
         n=len(traces),
         successes_replayed=sum(bool(r["success"]) for r in replays),
         successes_recorded=recorded,
-        mismatched=[t["task"].get("env", "?") + "/" + "/".join(str(t["task"].get(k)) for k in ("split", "index", "seed"))
-                    for t, r in zip(traces, replays) if not r["matches"]],
+        mismatched=[
+            t["task"].get("env", "?") + "/" + "/".join(str(t["task"].get(k)) for k in ("split", "index", "seed"))
+            for t, r in zip(traces, replays)
+            if not r["matches"]
+        ],
         in_train_split=_train_overlap(traces),
     )
 

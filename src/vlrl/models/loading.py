@@ -43,7 +43,7 @@ def ensure_model(model: ModelConfig) -> Path:
 
 
 def worker_device(config: RunConfig) -> torch.device:
-    """The device a worker (or SFT, or an evaluation) runs the policy on: its GPU with `runtime.use_gpu`, else the CPU."""
+    """The device a worker (or SFT, or an evaluation) runs the policy on: its GPU with `runtime.use_gpu`, else CPU."""
     if not config.runtime.use_gpu:
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -154,5 +154,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     wrapper is looked through. Forward passes without autograd (rollouts, scoring) are unchanged."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(base, "supports_gradient_checkpointing", False):
-        raise VlrlError(f"{type(base).__name__} does not support gradient checkpointing; set train.gradient_checkpointing=false")
+        raise VlrlError(
+            f"{type(base).__name__} does not support gradient checkpointing; set train.gradient_checkpointing=false"
+        )
     base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

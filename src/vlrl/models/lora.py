@@ -32,7 +32,13 @@ LANGUAGE_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # Linear layers inside the vision blocks: Qwen3-VL names (qkv, proj, linear_fc1/2) and
 # Qwen2.5-VL's gated MLP. The patch mergers are left out.
 VISION_TARGETS = [
-    "attn.qkv", "attn.proj", "mlp.linear_fc1", "mlp.linear_fc2", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"
+    "attn.qkv",
+    "attn.proj",
+    "mlp.linear_fc1",
+    "mlp.linear_fc2",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
 ]
 ADAPTER_RECORD = "vlrl_adapter.json"
 # The frozen copy of a warm-start adapter that GRPO's KL penalty compares with (`add_reference_adapter`).
@@ -219,7 +225,10 @@ def add_reference_adapter(peft_model: PeftModel, adapter_dir: str | Path) -> str
     peft_model.load_adapter(str(adapter_dir), adapter_name=REFERENCE_ADAPTER, is_trainable=False)
     using = {name for name, p in peft_model.named_parameters() if p.requires_grad and f".{REFERENCE_ADAPTER}." in name}
     if using or peft_model.active_adapter != active:
-        raise VlrlError(f"the reference adapter loaded from {adapter_dir} is trainable or active; PEFT changed how load_adapter works")
+        raise VlrlError(
+            f"the reference adapter loaded from {adapter_dir} is trainable or active; PEFT changed how "
+            "load_adapter works"
+        )
     return REFERENCE_ADAPTER
 
 

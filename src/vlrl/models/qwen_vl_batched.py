@@ -146,7 +146,9 @@ def with_position_ids(batch: dict[str, torch.Tensor], merge_size: int | None) ->
     return batch
 
 
-def forward_inputs(batch: dict[str, torch.Tensor], device: torch.device | str, merge_size: int | None) -> dict[str, torch.Tensor]:
+def forward_inputs(
+    batch: dict[str, torch.Tensor], device: torch.device | str, merge_size: int | None
+) -> dict[str, torch.Tensor]:
     """The model's forward inputs from a collated CPU batch, on `device`, with M-RoPE positions
     computed here on the CPU instead of by the model's per-image loop."""
     batch = with_position_ids(batch, merge_size)

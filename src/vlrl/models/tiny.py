@@ -8,7 +8,8 @@ text, so nothing is ever downloaded. The directory it writes loads with
 checkpoint.
 
 Presets (`TINY_SPECS`): "ci" (< 1M parameters, for tests), "demo" (a few million, able to
-learn a small visual maze), "maze9" (~56M, the GPU recipe for 9x9 block mazes), "qwen3vl-2b-shape" (the layer shapes of Qwen3-VL-2B, ~1.8B
+learn a small visual maze), "maze9" (~56M, the GPU recipe for 9x9 block mazes), "qwen3vl-2b-shape" (the layer shapes of
+Qwen3-VL-2B, ~1.8B
 parameters in bfloat16) and "qwen3vl-8b-shape" (every shape of Qwen3-VL-8B, 8.77B parameters),
 for GPU throughput and memory runs. Every preset uses our small tokenizer. The 2B shape keeps
 its ~1k-token vocabulary, so its embedding and LM head are tiny (~2M instead of ~311M
@@ -75,16 +76,38 @@ class TinySpec:
 TINY_SPECS: dict[str, TinySpec] = {
     # ~0.9M parameters: fast enough for unit tests.
     "ci": TinySpec(
-        text_hidden=128, text_layers=2, text_heads=4, text_kv_heads=2, head_dim=32, text_intermediate=256,
-        vision_depth=2, vision_hidden=64, vision_heads=4, vision_intermediate=256,
-        patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
+        text_hidden=128,
+        text_layers=2,
+        text_heads=4,
+        text_kv_heads=2,
+        head_dim=32,
+        text_intermediate=256,
+        vision_depth=2,
+        vision_hidden=64,
+        vision_heads=4,
+        vision_intermediate=256,
+        patch_size=8,
+        spatial_merge=2,
+        image_min_pixels=16 * 16,
+        image_max_pixels=224 * 224,
         tokenizer_vocab=1024,
     ),
     # ~5M parameters: still well under a second per 16x150-token training batch on 2 cores.
     "demo": TinySpec(
-        text_hidden=256, text_layers=4, text_heads=8, text_kv_heads=2, head_dim=32, text_intermediate=768,
-        vision_depth=2, vision_hidden=128, vision_heads=4, vision_intermediate=512,
-        patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
+        text_hidden=256,
+        text_layers=4,
+        text_heads=8,
+        text_kv_heads=2,
+        head_dim=32,
+        text_intermediate=768,
+        vision_depth=2,
+        vision_hidden=128,
+        vision_heads=4,
+        vision_intermediate=512,
+        patch_size=8,
+        spatial_merge=2,
+        image_min_pixels=16 * 16,
+        image_max_pixels=224 * 224,
         tokenizer_vocab=1024,
     ),
     # ~56M parameters, for the GPU recipe of the reference task (configs/gpu-maze9.yaml): 9x9 block
@@ -95,30 +118,72 @@ TINY_SPECS: dict[str, TinySpec] = {
     # start local (vision_local_attention): from a plain random start the tower never learnt which
     # blocks touch the agent (bench/RESULTS.md), so the weights differ from the first maze9's.
     "maze9": TinySpec(
-        text_hidden=512, text_layers=12, text_heads=8, text_kv_heads=4, head_dim=64, text_intermediate=2048,
-        vision_depth=4, vision_hidden=256, vision_heads=4, vision_intermediate=1024,
-        patch_size=8, spatial_merge=2, image_min_pixels=16 * 16, image_max_pixels=224 * 224,
-        tokenizer_vocab=1024, deepstack_indexes=(1, 3), vision_local_attention=48.0,
+        text_hidden=512,
+        text_layers=12,
+        text_heads=8,
+        text_kv_heads=4,
+        head_dim=64,
+        text_intermediate=2048,
+        vision_depth=4,
+        vision_hidden=256,
+        vision_heads=4,
+        vision_intermediate=1024,
+        patch_size=8,
+        spatial_merge=2,
+        image_min_pixels=16 * 16,
+        image_max_pixels=224 * 224,
+        tokenizer_vocab=1024,
+        deepstack_indexes=(1, 3),
+        vision_local_attention=48.0,
     ),
     # Qwen3-VL-2B's layer shapes (~1.7B parameters) with our ~1k-token tokenizer, so the embedding
     # and LM head are small. Random weights: for GPU memory and throughput runs, not for learning.
     # Images of 32 px to 448 px per side keep a 225 px maze at 224 px = 7x7 merged tokens.
     "qwen3vl-2b-shape": TinySpec(
-        text_hidden=2048, text_layers=28, text_heads=16, text_kv_heads=8, head_dim=128, text_intermediate=6144,
-        vision_depth=24, vision_hidden=1024, vision_heads=16, vision_intermediate=4096,
-        patch_size=16, spatial_merge=2, image_min_pixels=32 * 32, image_max_pixels=448 * 448,
-        tokenizer_vocab=1024, deepstack_indexes=(5, 11, 17), mrope_section=(24, 20, 20),
-        vision_position_embeddings=2304, dtype="bfloat16",
+        text_hidden=2048,
+        text_layers=28,
+        text_heads=16,
+        text_kv_heads=8,
+        head_dim=128,
+        text_intermediate=6144,
+        vision_depth=24,
+        vision_hidden=1024,
+        vision_heads=16,
+        vision_intermediate=4096,
+        patch_size=16,
+        spatial_merge=2,
+        image_min_pixels=32 * 32,
+        image_max_pixels=448 * 448,
+        tokenizer_vocab=1024,
+        deepstack_indexes=(5, 11, 17),
+        mrope_section=(24, 20, 20),
+        vision_position_embeddings=2304,
+        dtype="bfloat16",
     ),
     # Qwen3-VL-8B's shapes (transformers' Qwen3VLVisionConfig defaults are this vision tower):
     # text 4096 x 36 layers, 32 heads / 8 KV heads, head_dim 128, MLP 12288, vocabulary 151,936;
     # vision 27 x 1152, 16 heads, MLP 4304, deepstack [8, 16, 24]. 8.77B parameters in bfloat16.
     "qwen3vl-8b-shape": TinySpec(
-        text_hidden=4096, text_layers=36, text_heads=32, text_kv_heads=8, head_dim=128, text_intermediate=12288,
-        vision_depth=27, vision_hidden=1152, vision_heads=16, vision_intermediate=4304,
-        patch_size=16, spatial_merge=2, image_min_pixels=32 * 32, image_max_pixels=448 * 448,
-        tokenizer_vocab=1024, deepstack_indexes=(8, 16, 24), mrope_section=(24, 20, 20),
-        vision_position_embeddings=2304, dtype="bfloat16", model_vocab=151_936,
+        text_hidden=4096,
+        text_layers=36,
+        text_heads=32,
+        text_kv_heads=8,
+        head_dim=128,
+        text_intermediate=12288,
+        vision_depth=27,
+        vision_hidden=1152,
+        vision_heads=16,
+        vision_intermediate=4304,
+        patch_size=16,
+        spatial_merge=2,
+        image_min_pixels=32 * 32,
+        image_max_pixels=448 * 448,
+        tokenizer_vocab=1024,
+        deepstack_indexes=(8, 16, 24),
+        mrope_section=(24, 20, 20),
+        vision_position_embeddings=2304,
+        dtype="bfloat16",
+        model_vocab=151_936,
     ),
 }
 
@@ -381,8 +446,20 @@ def _save_processor_files(out: Path, spec: TinySpec, tokenizer: PreTrainedTokeni
     image_cfg["image_processor_type"] = "Qwen2VLImageProcessor"
     image_cfg["processor_class"] = "Qwen3VLProcessor"
     _write_json(out / "preprocessor_config.json", image_cfg)
-    video_keys = ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "image_mean", "image_std",
-                  "merge_size", "patch_size", "resample", "rescale_factor", "size", "temporal_patch_size")
+    video_keys = (
+        "do_convert_rgb",
+        "do_normalize",
+        "do_rescale",
+        "do_resize",
+        "image_mean",
+        "image_std",
+        "merge_size",
+        "patch_size",
+        "resample",
+        "rescale_factor",
+        "size",
+        "temporal_patch_size",
+    )
     video_cfg = {k: image_cfg[k] for k in video_keys}
     video_cfg.update(video_processor_type="Qwen3VLVideoProcessor", processor_class="Qwen3VLProcessor")
     _write_json(out / "video_preprocessor_config.json", video_cfg)

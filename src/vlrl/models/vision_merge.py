@@ -64,7 +64,7 @@ def vision_lora_pairs(vision_state: dict[str, torch.Tensor]) -> dict[str, tuple[
 def lora_scale(lora_config: dict[str, Any]) -> float:
     """PEFT's scaling of B @ A: alpha / r, or alpha / sqrt(r) with rsLoRA."""
     rank, alpha = float(lora_config["r"]), float(lora_config.get("lora_alpha", lora_config["r"]))
-    return alpha / rank ** 0.5 if lora_config.get("use_rslora") else alpha / rank
+    return alpha / rank**0.5 if lora_config.get("use_rslora") else alpha / rank
 
 
 def merged_vision_weights(
@@ -114,7 +114,9 @@ def adapter_tensor_names(adapter_dir: str | Path) -> list[str]:
         with safe_open(str(path), framework="pt") as handle:
             return list(handle.keys())
     except Exception as exc:  # safetensors' own error type for a damaged header
-        raise VlrlError(f"cannot read {path}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+        raise VlrlError(
+            f"cannot read {path}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+        ) from None
 
 
 def vision_tensor_count(adapter_dir: str | Path) -> int:
@@ -142,7 +144,9 @@ def merge_vision_into_base(base_dir: str | Path, adapter_dir: str | Path, out_di
     record = read_adapter_record(adapter_dir)
     base_fp = model_fingerprint(base_dir)
     if record.get("base_fingerprint") != base_fp:
-        raise VlrlError(f"adapter {adapter_dir} was trained on base {record.get('base_fingerprint')}, not {base_dir} ({base_fp})")
+        raise VlrlError(
+            f"adapter {adapter_dir} was trained on base {record.get('base_fingerprint')}, not {base_dir} ({base_fp})"
+        )
     if out.exists():
         raise VlrlError(f"{out} exists; choose a new output directory (nothing was written)")
     state = load_file(str(adapter_dir / "adapter_model.safetensors"))
@@ -167,16 +171,27 @@ def merge_vision_into_base(base_dir: str | Path, adapter_dir: str | Path, out_di
                 shutil.copy2(item, tmp / "base" / item.name)
         missing = sorted(set(pairs) - merged_names)
         if missing:
-            raise VlrlError(f"the base checkpoint has no tensor {missing[0]}; the adapter's vision LoRA does not fit it")
+            raise VlrlError(
+                f"the base checkpoint has no tensor {missing[0]}; the adapter's vision LoRA does not fit it"
+            )
         (tmp / "adapter").mkdir()
-        save_file({k: v.contiguous() for k, v in language.items()}, str(tmp / "adapter" / "adapter_model.safetensors"),
-                  metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in language.items()},
+            str(tmp / "adapter" / "adapter_model.safetensors"),
+            metadata={"format": "pt"},
+        )
         leaves = sorted({m.group("module").rsplit(".", 1)[-1] for k in language if (m := _LORA_KEY.match(k))})
         lm_config = {**lora_config, "target_modules": lora_target_regex(leaves, include_vision=False)}
         (tmp / "adapter" / "adapter_config.json").write_text(json.dumps(lm_config, indent=2) + "\n", encoding="utf-8")
-        new_record = {**record, "base_fingerprint": model_fingerprint(tmp / "base"),
-                      "derived_from": {"adapter": str(adapter_dir.resolve()), "base_fingerprint": base_fp,
-                                       "vision_tensors_merged": len(vision)}}
+        new_record = {
+            **record,
+            "base_fingerprint": model_fingerprint(tmp / "base"),
+            "derived_from": {
+                "adapter": str(adapter_dir.resolve()),
+                "base_fingerprint": base_fp,
+                "vision_tensors_merged": len(vision),
+            },
+        }
         (tmp / "adapter" / ADAPTER_RECORD).write_text(json.dumps(new_record, indent=2) + "\n", encoding="utf-8")
         for name in ("vlrl_lineage.json",):  # what produced the adapter travels with its language half
             if (adapter_dir / name).is_file():

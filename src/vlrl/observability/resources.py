@@ -74,8 +74,11 @@ def host_memory() -> dict[str, float]:
         import psutil
 
         vm = psutil.virtual_memory()
-        return {"process_resident_memory_bytes": float(psutil.Process().memory_info().rss),
-                "host_memory_total_bytes": float(vm.total), "host_memory_used_bytes": float(vm.total - vm.available)}
+        return {
+            "process_resident_memory_bytes": float(psutil.Process().memory_info().rss),
+            "host_memory_total_bytes": float(vm.total),
+            "host_memory_used_bytes": float(vm.total - vm.available),
+        }
     except Exception:
         return out
 

@@ -67,7 +67,7 @@ def read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             if number == len(lines):  # being written right now
-                notes.append(f"the last line of metrics.jsonl is incomplete (the run is writing it) and was skipped")
+                notes.append("the last line of metrics.jsonl is incomplete (the run is writing it) and was skipped")
                 continue
             raise VlrlError(f"{path}:{number} is not a JSON record ({exc.msg}); the metrics file is damaged") from None
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
@@ -75,7 +75,10 @@ def read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
         repeated += record["step"] in by_step
         by_step[record["step"]] = record
     if repeated:
-        notes.append(f"{repeated} step(s) were recorded twice (the run was resumed from a checkpoint); the latest records are shown")
+        notes.append(
+            f"{repeated} step(s) were recorded twice (the run was resumed from a checkpoint); the latest records "
+            "are shown"
+        )
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -107,7 +110,7 @@ def evals_from_history(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for h in history:
         if "eval/success_rate" in h:
-            point = {k[len("eval/"):]: v for k, v in h.items() if k.startswith("eval/")}
+            point = {k[len("eval/") :]: v for k, v in h.items() if k.startswith("eval/")}
             out.append({"step": h["step"], "label": f"step {h['step']}", "split": "holdout", **point})
     return out
 
@@ -138,8 +141,10 @@ def load_run(run_dir: str | Path) -> RunData:
         if not isinstance(final, list):
             raise VlrlError(f"{evals_file} should hold a list of evaluations")
         steps = {e.get("step") for e in final if isinstance(e, dict)}
-        data.evals = sorted([e for e in recorded if e["step"] not in steps] + [e for e in final if isinstance(e, dict)],
-                            key=lambda e: (e.get("step") or 0))
+        data.evals = sorted(
+            [e for e in recorded if e["step"] not in steps] + [e for e in final if isinstance(e, dict)],
+            key=lambda e: e.get("step") or 0,
+        )
     else:
         data.evals = recorded
     if (root / "lineage.json").is_file():
@@ -151,6 +156,7 @@ def load_run(run_dir: str | Path) -> RunData:
 
 
 # -- rendering -------------------------------------------------------------------------------------
+
 
 def _fmt(value: Any) -> str:
     if value is None:
@@ -200,33 +206,78 @@ def evaluations_table(evals: list[dict[str, Any]]) -> str:
         labels.add(e.get("group_label", "size" if "success_by_size" in e else "group"))
         sizes = ", ".join(f"{k}: {_pct(v)}" for k, v in by_group.items()) if isinstance(by_group, dict) else "–"
         ci = f"[{_pct(e.get('success_low'))}, {_pct(e.get('success_high'))}]" if "success_low" in e else ""
-        rows.append([html.escape(_fmt(e.get("step", "–"))), html.escape(str(e.get("label", ""))), html.escape(str(e.get("split", ""))),
-                     html.escape(str(e.get("decoding", "greedy"))), html.escape(_fmt(e.get("n", "–"))),
-                     f"<b>{_pct(e.get('success_rate'))}</b> {ci}", html.escape(_fmt(e.get("mean_turns", "–"))),
-                     _pct(e.get("invalid_rate")), html.escape(sizes)])
-    return _table(["step", "label", "split", "decoding", "n", "success [95% CI]", "mean turns", "invalid / turn", f"success by {labels.pop() if len(labels) == 1 else 'group'}"], rows)
+        rows.append(
+            [
+                html.escape(_fmt(e.get("step", "–"))),
+                html.escape(str(e.get("label", ""))),
+                html.escape(str(e.get("split", ""))),
+                html.escape(str(e.get("decoding", "greedy"))),
+                html.escape(_fmt(e.get("n", "–"))),
+                f"<b>{_pct(e.get('success_rate'))}</b> {ci}",
+                html.escape(_fmt(e.get("mean_turns", "–"))),
+                _pct(e.get("invalid_rate")),
+                html.escape(sizes),
+            ]
+        )
+    return _table(
+        [
+            "step",
+            "label",
+            "split",
+            "decoding",
+            "n",
+            "success [95% CI]",
+            "mean turns",
+            "invalid / turn",
+            f"success by {labels.pop() if len(labels) == 1 else 'group'}",
+        ],
+        rows,
+    )
 
 
 def guard_events_table(events: list[dict[str, Any]]) -> str:
     """Guard events and the rollbacks they caused, in the order they happened."""
     rows = []
     for e in events:
-        when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S") if isinstance(e.get("time"), (int, float)) else "–"
+        when = (
+            dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+            if isinstance(e.get("time"), (int, float))
+            else "–"
+        )
         if e["event"] == "rollback":
-            what = f"rolled back to {e.get('checkpoint')} (step {e.get('step')}); learning rate x {_fmt(e.get('lr_scale'))}"
-            rows.append([html.escape(when), "–", html.escape(str(e.get("check", ""))), "rollback done", html.escape(what)])
+            what = (
+                f"rolled back to {e.get('checkpoint')} (step {e.get('step')}); learning rate x "
+                f"{_fmt(e.get('lr_scale'))}"
+            )
+            rows.append(
+                [html.escape(when), "–", html.escape(str(e.get("check", ""))), "rollback done", html.escape(what)]
+            )
         else:
-            rows.append([html.escape(when), html.escape(_fmt(e.get("step", "–"))), html.escape(str(e.get("check", ""))),
-                         f"<b>{html.escape(str(e.get('action', '')))}</b>", html.escape(str(e.get("message", "")))])
+            rows.append(
+                [
+                    html.escape(when),
+                    html.escape(_fmt(e.get("step", "–"))),
+                    html.escape(str(e.get("check", ""))),
+                    f"<b>{html.escape(str(e.get('action', '')))}</b>",
+                    html.escape(str(e.get("message", ""))),
+                ]
+            )
     return _table(["time", "step", "check", "action", "what it saw"], rows)
 
 
 def steps_table(history: list[dict[str, Any]], last: int = 12) -> str:
     """The latest steps' key numbers."""
-    cols = [("reward/mean", "reward", _fmt), ("episode/success", "success", _pct), ("train/kl", "KL", _fmt),
-            ("train/entropy", "entropy", _fmt), ("rollout/logprob_diff_mean", "sampler |Δ|", _fmt),
-            ("rollout/kl_sampler_trainer_k3", "KL(sampler‖trainer)", _fmt), ("throughput/rollout_tokens_per_s", "rollout tok/s", lambda v: f"{v:.0f}"),
-            ("throughput/train_tokens_per_s", "train tok/s", lambda v: f"{v:.0f}"), ("time/step_s", "step s", lambda v: f"{v:.1f}")]
+    cols = [
+        ("reward/mean", "reward", _fmt),
+        ("episode/success", "success", _pct),
+        ("train/kl", "KL", _fmt),
+        ("train/entropy", "entropy", _fmt),
+        ("rollout/logprob_diff_mean", "sampler |Δ|", _fmt),
+        ("rollout/kl_sampler_trainer_k3", "KL(sampler‖trainer)", _fmt),
+        ("throughput/rollout_tokens_per_s", "rollout tok/s", lambda v: f"{v:.0f}"),
+        ("throughput/train_tokens_per_s", "train tok/s", lambda v: f"{v:.0f}"),
+        ("time/step_s", "step s", lambda v: f"{v:.1f}"),
+    ]
     rows = [[str(h["step"])] + [html.escape(f(h[k])) if k in h else "–" for k, _, f in cols] for h in history[-last:]]
     return _table(["step"] + [c[1] for c in cols], rows, "numbers")
 
@@ -243,10 +294,16 @@ def _summary_cards(data: RunData) -> str:
         cards.append(("train success (last 5)", _pct(sum(r.get("episode/success", 0.0) for r in tail) / len(tail))))
     if data.evals:
         e = data.evals[-1]
-        cards.append((f"holdout success (step {e.get('step', '?')})",
-                      f"{_pct(e.get('success_rate'))} [{_pct(e.get('success_low'))}, {_pct(e.get('success_high'))}]"))
-    return "".join(f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div></div>'
-                   for k, v in cards)
+        cards.append(
+            (
+                f"holdout success (step {e.get('step', '?')})",
+                f"{_pct(e.get('success_rate'))} [{_pct(e.get('success_low'))}, {_pct(e.get('success_high'))}]",
+            )
+        )
+    return "".join(
+        f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div></div>'
+        for k, v in cards
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -257,14 +314,17 @@ def _duration(seconds: float) -> str:
 
 
 CSS = """
-body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;color:#1d2330;padding:0 16px}
+body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:24px
+auto;max-width:1180px;color:#1d2330;padding:0 16px}
 h1{margin-bottom:4px} h2{margin-top:32px;border-bottom:1px solid #dde2ea;padding-bottom:4px}
 .sub{color:#5b6475} .status{display:inline-block;padding:2px 10px;border-radius:10px;font-size:13px;font-weight:600}
 .finished{background:#d8f3dc;color:#1b5e20} .running{background:#fff3cd;color:#7a5200}
-.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0} .card{background:#f4f6fa;border-radius:8px;padding:10px 14px;min-width:150px}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0} .card{background:#f4f6fa;border-radius:8px;padding:10px
+14px;min-width:150px}
 .card .k{font-size:12px;color:#5b6475} .card .v{font-size:20px;font-weight:600}
 img{max-width:100%;border:1px solid #e5e8ef;border-radius:6px;margin:8px 0}
-table{border-collapse:collapse;font-size:13px;margin:8px 0} th,td{border:1px solid #dde2ea;padding:4px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:13px;margin:8px 0} th,td{border:1px solid #dde2ea;padding:4px
+8px;text-align:left;vertical-align:top}
 th{background:#f4f6fa} td{word-break:break-word;max-width:640px} table.numbers td{text-align:right}
 pre{background:#f4f6fa;padding:12px;border-radius:6px;overflow:auto;font-size:12px;max-height:480px}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:6px 10px;margin:6px 0;font-size:13px}
@@ -281,13 +341,21 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
         age = f", last step written {_duration(time.time() - metrics.stat().st_mtime)} ago" if metrics.is_file() else ""
         status = f'<span class="status running">running or stopped{html.escape(age)}</span>'
     made = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>vlrl run {html.escape(name)}</title>",
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>Run {html.escape(name)}</h1><div class='sub'>{status} &nbsp; {html.escape(str(data.run_dir))} · report made {made}</div>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>vlrl run {html.escape(name)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        (
+            f"<h1>Run {html.escape(name)}</h1><div class='sub'>{status} &nbsp; {html.escape(str(data.run_dir))} · "
+            f"report made {made}</div>"
+        ),
+    ]
     parts += [f"<div class='note'>{html.escape(n)}</div>" for n in data.notes]
     parts.append(f"<div class='cards'>{_summary_cards(data)}</div>")
     captions = {
-        "learning": "Learning curve: training reward and success per step; holdout success (greedy) at each evaluation with its 95% Wilson interval.",
+        "learning": (
+            "Learning curve: training reward and success per step; holdout success (greedy) at each evaluation with "
+            "its 95% Wilson interval."
+        ),
         "signals": "Training signals per step.",
         "phases": "Where the time goes: each step's seconds by phase (stacked; 'other' is the rest of the step).",
         "throughput": "Throughput against wall-clock time.",
@@ -296,15 +364,20 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
         parts.append("<h2>Plots</h2>")
         for key, png in images.items():
             encoded = base64.b64encode(png).decode()
-            parts.append(f"<figure><img alt='{key}' src='data:image/png;base64,{encoded}'><figcaption class='sub'>"
-                         f"{html.escape(captions.get(key, key))}</figcaption></figure>")
+            parts.append(
+                f"<figure><img alt='{key}' src='data:image/png;base64,{encoded}'><figcaption class='sub'>"
+                f"{html.escape(captions.get(key, key))}</figcaption></figure>"
+            )
     else:
         parts.append("<p class='sub'>No step has finished yet: nothing to plot.</p>")
     parts.append("<h2>Evaluations</h2>")
     parts.append(evaluations_table(data.evals) if data.evals else "<p class='sub'>No evaluation yet.</p>")
     parts.append("<h2>Stability guards</h2>")
-    parts.append(guard_events_table(data.guard_events) if data.guard_events
-                 else "<p class='sub'>No guard event (train.guards; run-events.jsonl).</p>")
+    parts.append(
+        guard_events_table(data.guard_events)
+        if data.guard_events
+        else "<p class='sub'>No guard event (train.guards; run-events.jsonl).</p>"
+    )
     if data.history:
         parts.append(f"<h2>Latest steps</h2>{steps_table(data.history)}")
     parts.append("<h2>Lineage</h2>")
@@ -314,7 +387,9 @@ def render_html(data: RunData, images: dict[str, bytes]) -> str:
     else:
         parts.append("<p class='sub'>No lineage.json in the run directory.</p>")
     parts.append("<h2>Config</h2>")
-    parts.append(f"<pre>{html.escape(data.config_text)}</pre>" if data.config_text else "<p class='sub'>No config.yaml.</p>")
+    parts.append(
+        f"<pre>{html.escape(data.config_text)}</pre>" if data.config_text else "<p class='sub'>No config.yaml.</p>"
+    )
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -332,7 +407,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if data.history:
         final = [e for e in data.evals if "success_low" in e and "success_high" in e and "step" in e]
         figures = {
-            "learning": lambda p: plots.learning_curve(data.history, final, p, title=f"{data.run_dir.resolve().name}: learning curve"),
+            "learning": lambda p: plots.learning_curve(
+                data.history, final, p, title=f"{data.run_dir.resolve().name}: learning curve"
+            ),
             "signals": lambda p: plots.training_signals(data.history, p),
             "phases": lambda p: plots.phase_breakdown(data.history, p),
             "throughput": lambda p: plots.throughput(data.history, p),

@@ -18,8 +18,13 @@ def _step_axis(ax) -> None:
     ax.ticklabel_format(axis="y", useOffset=False, style="plain")
 
 
-def learning_curve(history: list[dict[str, Any]], evals: list[dict[str, Any]], out_png: str | Path,
-                   baselines: dict[str, dict[str, Any]] | None = None, title: str = "GRPO learning curve") -> Path:
+def learning_curve(
+    history: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    out_png: str | Path,
+    baselines: dict[str, dict[str, Any]] | None = None,
+    title: str = "GRPO learning curve",
+) -> Path:
     """Training reward and success per step; holdout success with 95% intervals at eval points.
 
     `baselines` maps a label (e.g. "base", "SFT") to an evaluation summary drawn as a band.
@@ -31,7 +36,9 @@ def learning_curve(history: list[dict[str, Any]], evals: list[dict[str, Any]], o
     ax_r.set_ylabel("reward")
     ax_r.grid(alpha=0.3)
     ax_r.legend(loc="best")
-    ax_s.plot(steps, [h.get("episode/success", float("nan")) for h in history], alpha=0.6, label="train success (sampled)")
+    ax_s.plot(
+        steps, [h.get("episode/success", float("nan")) for h in history], alpha=0.6, label="train success (sampled)"
+    )
     if evals:
         xs = [e["step"] for e in evals]
         ys = [e["success_rate"] for e in evals]
@@ -62,8 +69,13 @@ def learning_curve(history: list[dict[str, Any]], evals: list[dict[str, Any]], o
 # Phases of a step that do not overlap, in the order they run: (record key, label). "update" stands
 # for logprob + optimizer when a record has no breakdown; "other" is what the step spent elsewhere.
 PHASES = [
-    ("time/generate_s", "generate"), ("time/env_s", "env"), ("time/logprob_s", "logprob"),
-    ("time/optim_s", "optimizer"), ("time/sync_s", "sync"), ("time/eval_s", "eval"), ("time/checkpoint_s", "checkpoint"),
+    ("time/generate_s", "generate"),
+    ("time/env_s", "env"),
+    ("time/logprob_s", "logprob"),
+    ("time/optim_s", "optimizer"),
+    ("time/sync_s", "sync"),
+    ("time/eval_s", "eval"),
+    ("time/checkpoint_s", "checkpoint"),
 ]
 
 
@@ -71,8 +83,11 @@ def phase_seconds(record: dict[str, Any]) -> dict[str, float]:
     """A step record's time split into non-overlapping phases that add up to time/step_s."""
     out = {label: float(record[key]) for key, label in PHASES if key in record}
     if "logprob" not in out and "optimizer" not in out and "time/update_s" in record:
-        out = {**{k: v for k, v in out.items() if k in ("generate", "env")}, "update": float(record["time/update_s"]),
-               **{k: v for k, v in out.items() if k not in ("generate", "env")}}
+        out = {
+            **{k: v for k, v in out.items() if k in ("generate", "env")},
+            "update": float(record["time/update_s"]),
+            **{k: v for k, v in out.items() if k not in ("generate", "env")},
+        }
     if "time/step_s" in record:
         out["other"] = max(0.0, float(record["time/step_s"]) - sum(out.values()))
     return out
@@ -95,10 +110,17 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 def training_signals(history: list[dict[str, Any]], out_png: str | Path) -> Path:
     """KL, entropy, clip fraction, gradient norm and the sampler/trainer gap per step (2x3)."""
     fig, axes = plt.subplots(2, 3, figsize=(14, 5.5), sharex=True)
-    for ax, (key, label) in zip(axes.flat, [("train/kl", "KL to reference"), ("train/entropy", "entropy"),
-                                            ("rollout/logprob_diff_mean", "|trainer - sampler| log-prob, mean"),
-                                            ("train/clip_fraction", "clip fraction"), ("train/grad_norm", "gradient norm"),
-                                            ("rollout/kl_sampler_trainer_k3", "KL(sampler || trainer), k3")]):
+    for ax, (key, label) in zip(
+        axes.flat,
+        [
+            ("train/kl", "KL to reference"),
+            ("train/entropy", "entropy"),
+            ("rollout/logprob_diff_mean", "|trainer - sampler| log-prob, mean"),
+            ("train/clip_fraction", "clip fraction"),
+            ("train/grad_norm", "gradient norm"),
+            ("rollout/kl_sampler_trainer_k3", "KL(sampler || trainer), k3"),
+        ],
+    ):
         xs, ys = _series(history, key)
         ax.plot(xs, ys, marker="." if len(xs) < 30 else None)
         ax.set_title(label, fontsize=10)
@@ -115,8 +137,11 @@ def training_signals(history: list[dict[str, Any]], out_png: str | Path) -> Path
 def phase_breakdown(history: list[dict[str, Any]], out_png: str | Path) -> Path:
     """Where each step's time went: stacked bars of the non-overlapping phases."""
     rows = [(h["step"], phase_seconds(h)) for h in history]
-    labels = [label for label in ["generate", "env", "update", *(l for _, l in PHASES[2:]), "other"]
-              if any(label in r for _, r in rows)]
+    labels = [
+        label
+        for label in ["generate", "env", "update", *(name for _, name in PHASES[2:]), "other"]
+        if any(label in r for _, r in rows)
+    ]
     fig, ax = plt.subplots(figsize=(11, 4))
     steps = [s for s, _ in rows]
     bottom = [0.0] * len(rows)
@@ -124,7 +149,9 @@ def phase_breakdown(history: list[dict[str, Any]], out_png: str | Path) -> Path:
     width = 0.8 * min(gaps) if gaps else 0.8
     for i, label in enumerate(labels):
         values = [r.get(label, 0.0) for _, r in rows]
-        ax.bar(steps, values, width=width, bottom=bottom, label=label, color=f"C{i}" if label != "other" else "lightgray")
+        ax.bar(
+            steps, values, width=width, bottom=bottom, label=label, color=f"C{i}" if label != "other" else "lightgray"
+        )
         bottom = [b + v for b, v in zip(bottom, values)]
     _step_axis(ax)
     ax.set_xlabel("step")
@@ -142,20 +169,30 @@ def throughput(history: list[dict[str, Any]], out_png: str | Path) -> Path:
         t += float(h.get("time/step_s", 0.0))
         elapsed.append(t / 60)
     fig, ax = plt.subplots(figsize=(11, 4))
-    for key, label in (("throughput/rollout_tokens_per_s", "rollout tokens/s (generation time)"),
-                       ("throughput/train_tokens_per_s", "train tokens/s (update time)")):
+    for key, label in (
+        ("throughput/rollout_tokens_per_s", "rollout tokens/s (generation time)"),
+        ("throughput/train_tokens_per_s", "train tokens/s (update time)"),
+    ):
         pts = [(x, float(h[key])) for x, h in zip(elapsed, history) if key in h]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=label)
     ax.set_xlabel("wall-clock minutes (sum of step times)")
     ax.set_ylabel("tokens / s")
     ax.grid(alpha=0.3)
-    pts = [(x, float(h["throughput/episodes_per_s"])) for x, h in zip(elapsed, history) if "throughput/episodes_per_s" in h]
+    pts = [
+        (x, float(h["throughput/episodes_per_s"])) for x, h in zip(elapsed, history) if "throughput/episodes_per_s" in h
+    ]
     lines, labels = ax.get_legend_handles_labels()
     if pts:
         ax2 = ax.twinx()
-        ax2.plot([p[0] for p in pts], [p[1] for p in pts], color="C3", ls="--", marker="." if len(pts) < 30 else None,
-                 label="episodes/s (rollout time)")
+        ax2.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            color="C3",
+            ls="--",
+            marker="." if len(pts) < 30 else None,
+            label="episodes/s (rollout time)",
+        )
         ax2.set_ylabel("episodes / s")
         more = ax2.get_legend_handles_labels()
         lines, labels = lines + more[0], labels + more[1]

@@ -65,8 +65,8 @@ class RolloutEngine(ABC):
     def adapter_version(self) -> int:
         """Version of the adapter being served (0: the initial adapter)."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 (optional hook: engines that hold no spare memory keep the no-op)
         """Release memory while the policy trains (engines that cannot: nothing to do)."""
 
-    def wake_up(self) -> None:
+    def wake_up(self) -> None:  # noqa: B027 (optional hook, like sleep)
         """Restore what `sleep` released before the next rollouts."""

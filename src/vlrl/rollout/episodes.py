@@ -117,7 +117,12 @@ def run_episodes(
             if result.done:
                 continue
             states[i] = observation_key(result.observation)
-            piece = chat.observation_piece(result.observation, response_ended=comp.finish_reason == "stop" and bool(comp.token_ids) and comp.token_ids[-1] == chat.eos_id)
+            piece = chat.observation_piece(
+                result.observation,
+                response_ended=comp.finish_reason == "stop"
+                and bool(comp.token_ids)
+                and comp.token_ids[-1] == chat.eos_id,
+            )
             if len(ep.sequence) + len(piece) + params.max_new_tokens > max_model_len:
                 ep.truncated = True
                 continue
@@ -128,12 +133,18 @@ def run_episodes(
         if not active:
             break
         # Later turns: each episode's own conversation, one sample, seeds moved on per turn.
-        turn_params = SamplingParams(**{**params.__dict__, "n": 1, "seed": None if params.seed is None else params.seed + turn})
+        turn_params = SamplingParams(
+            **{**params.__dict__, "n": 1, "seed": None if params.seed is None else params.seed + turn}
+        )
         completions = _generate(engine, [episodes[i].sequence for i in active], turn_params, stats)
         responses = [per[0] for per in completions]
 
     for ep, env in zip(episodes, envs):
-        ep.metrics = {**env.episode_metrics(), "truncated": float(ep.truncated), "response_tokens": float(ep.response_tokens)}
+        ep.metrics = {
+            **env.episode_metrics(),
+            "truncated": float(ep.truncated),
+            "response_tokens": float(ep.response_tokens),
+        }
         ep.trace = env.trace()
         ep.trace["adapter_version"] = ep.adapter_version
     return episodes

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 def sampling_params(config: RunConfig, greedy: bool = False, seed: int | None = None) -> SamplingParams:
     """Sampling of training rollouts (or greedy decoding) from the run's config."""
     r = config.rollout
-    return SamplingParams(temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed)
+    return SamplingParams(
+        temperature=0.0 if greedy else r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, seed=seed
+    )
 
 
 def resolve_engine_name(requested: Literal["auto", "transformers", "vllm"]) -> str:

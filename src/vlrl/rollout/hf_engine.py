@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,12 @@ from vlrl.models.qwen_vl_batched import forward_inputs, mrope_position_ids, spat
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence, collate
 from vlrl.rollout.vision_cache import (
-    DEFAULT_MB, VisionFeatureCache, cached_features_problem, image_features, prefill_from_features, weights_signature,
+    DEFAULT_MB,
+    VisionFeatureCache,
+    cached_features_problem,
+    image_features,
+    prefill_from_features,
+    weights_signature,
 )
 
 log = logging.getLogger(__name__)
@@ -192,8 +198,9 @@ class TransformersEngine(RolloutEngine):
         logprobs = token_logprobs(logits, new_tokens, temperature, self.suppress)
         return self._completions(new_tokens.tolist(), logprobs.tolist(), len(prompts), params)
 
-    def _completions(self, tokens: list[list[int]], logprobs: list[list[float]], n_prompts: int,
-                     params: SamplingParams) -> list[list[Completion]]:
+    def _completions(
+        self, tokens: list[list[int]], logprobs: list[list[float]], n_prompts: int, params: SamplingParams
+    ) -> list[list[Completion]]:
         """Rows of sampled tokens (prompt-major, `params.n` per prompt) cut at the first end-of-turn."""
         completions: list[list[Completion]] = [[] for _ in range(n_prompts)]
         for row, (ids, lps) in enumerate(zip(tokens, logprobs)):
@@ -234,8 +241,9 @@ class TransformersEngine(RolloutEngine):
 
     def _fast_generate_batch(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:
         if self._decoder is None:
-            self._decoder = _StaticDecoder(self.model, compile_step=self.compile_decode,
-                                           vision_cache_mb=self.vision_cache_mb)
+            self._decoder = _StaticDecoder(
+                self.model, compile_step=self.compile_decode, vision_cache_mb=self.vision_cache_mb
+            )
         banned = list(self.suppress) + ([self.eos_id] if self.ignore_eos else [])
         tokens, logprobs, timings = self._decoder.generate(prompts, params, banned, self.pad_id)
         for k, v in timings.items():
@@ -301,7 +309,9 @@ def _proj_parts(module: Any) -> _Proj:
     if len(active) > 1:
         raise ValueError("the static decoder serves one active LoRA adapter")
     name = active[0]
-    return _Proj(base.weight, base.bias, module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
+    return _Proj(
+        base.weight, base.bias, module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name])
+    )
 
 
 def _linear(x: torch.Tensor, p: _Proj) -> torch.Tensor:
@@ -446,8 +456,9 @@ class _StaticDecoder:
         return None
 
     # -- one call ------------------------------------------------------------------------
-    def generate(self, prompts: list[MultimodalSequence], params: SamplingParams, banned: list[int],
-                 pad_id: int) -> tuple[list[list[int]], list[list[float]], dict[str, float]]:
+    def generate(
+        self, prompts: list[MultimodalSequence], params: SamplingParams, banned: list[int], pad_id: int
+    ) -> tuple[list[list[int]], list[list[float]], dict[str, float]]:
         """Sampled tokens and log-probs, `params.n` rows per prompt (prompt-major), and phase timings."""
         device = next(self.model.parameters()).device
         cuda = device.type == "cuda"
@@ -461,8 +472,16 @@ class _StaticDecoder:
         greedy = params.greedy
         temperature = 1.0 if greedy else params.temperature
         key = (padded_rows, greedy, temperature, tuple(banned), str(device))
-        state = self._state(key, padded_rows, length, device, kv[0][0].dtype, make_sampler(
-            greedy, temperature, torch.tensor(banned, device=device, dtype=torch.long) if banned else None))
+        state = self._state(
+            key,
+            padded_rows,
+            length,
+            device,
+            kv[0][0].dtype,
+            make_sampler(
+                greedy, temperature, torch.tensor(banned, device=device, dtype=torch.long) if banned else None
+            ),
+        )
         if cuda:
             torch.cuda.synchronize(device)
         timings["prefill_s"] = time.perf_counter() - t0
@@ -519,8 +538,10 @@ class _StaticDecoder:
             rope = rope.to(device)
         elif "pixel_values" in batch:  # not Qwen3-VL's M-RoPE: the model's own computation
             rope, _ = self.vlm.get_rope_index(
-                inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
-                image_grid_thw=inputs["image_grid_thw"], attention_mask=mask,
+                inputs["input_ids"],
+                mm_token_type_ids=inputs["mm_token_type_ids"],
+                image_grid_thw=inputs["image_grid_thw"],
+                attention_mask=mask,
             )
         else:
             rope = text_pos[None].expand(3, -1, -1)
@@ -534,14 +555,19 @@ class _StaticDecoder:
             logits, past = out.logits[:, -1], out.past_key_values
             pixels = batch.get("pixel_values")
             count = len(batch.get("image_grid_thw", ()))
-            self.vision_stats = {"images": count, "encoded": count,
-                                 "pixel_bytes": 0 if pixels is None else pixels.numel() * pixels.element_size()}
+            self.vision_stats = {
+                "images": count,
+                "encoded": count,
+                "pixel_bytes": 0 if pixels is None else pixels.numel() * pixels.element_size(),
+            }
         kv = [_cache_kv(past, i) for i in range(len(self.layers))]
         return logits, kv, mask, next_pos
 
     def _prefill_cached(self, prompts, batch, inputs, position_ids, device):
         """The prefill with each image's vision features from the cache, or encoded now (new images only)."""
-        self.vision_cache.validate((self.weights_updates, id(self.model), str(device), weights_signature(self.vlm.visual)))
+        self.vision_cache.validate(
+            (self.weights_updates, id(self.model), str(device), weights_signature(self.vlm.visual))
+        )
         pixels = [p for s in prompts for p in s.pixel_values]
         image_mask = batch["input_ids"] == self.vlm.config.image_token_id
         embeds: list[torch.Tensor] = []
@@ -553,8 +579,16 @@ class _StaticDecoder:
             if int(image_mask.sum()) != expected:  # checked on the CPU batch: no device sync
                 raise ValueError(f"image tokens ({int(image_mask.sum())}) and image features ({expected}) do not match")
             embeds, deepstack, self.vision_stats = image_features(self.vision_cache, self.vlm, pixels, grids, device)
-        return prefill_from_features(self.text, self.lm_head, inputs["input_ids"], image_mask.to(device),
-                                     inputs["attention_mask"], position_ids, embeds, deepstack)
+        return prefill_from_features(
+            self.text,
+            self.lm_head,
+            inputs["input_ids"],
+            image_mask.to(device),
+            inputs["attention_mask"],
+            position_ids,
+            embeds,
+            deepstack,
+        )
 
     # -- static state and graphs ------------------------------------------------------------
     def _layer_parts(self) -> list[_LayerParts]:
@@ -562,12 +596,21 @@ class _StaticDecoder:
         parts = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            parts.append(_LayerParts(
-                layer.input_layernorm.weight, _proj_parts(attn.q_proj), _proj_parts(attn.k_proj),
-                _proj_parts(attn.v_proj), attn.q_norm.weight, attn.k_norm.weight, _proj_parts(attn.o_proj),
-                layer.post_attention_layernorm.weight, _proj_parts(mlp.gate_proj), _proj_parts(mlp.up_proj),
-                _proj_parts(mlp.down_proj),
-            ))
+            parts.append(
+                _LayerParts(
+                    layer.input_layernorm.weight,
+                    _proj_parts(attn.q_proj),
+                    _proj_parts(attn.k_proj),
+                    _proj_parts(attn.v_proj),
+                    attn.q_norm.weight,
+                    attn.k_norm.weight,
+                    _proj_parts(attn.o_proj),
+                    layer.post_attention_layernorm.weight,
+                    _proj_parts(mlp.gate_proj),
+                    _proj_parts(mlp.up_proj),
+                    _proj_parts(mlp.down_proj),
+                )
+            )
         return parts
 
     @staticmethod
@@ -577,18 +620,22 @@ class _StaticDecoder:
         out = []
         for layer in parts:
             for item in layer:
-                for t in (item if isinstance(item, _Proj) else (item,)):
+                for t in item if isinstance(item, _Proj) else (item,):
                     out.append(t.data_ptr() if isinstance(t, torch.Tensor) else t)
         return tuple(out)
 
-    def _state(self, key: tuple, rows: int, length: int, device: torch.device, dtype: torch.dtype,
-               sampler: Callable) -> _DecodeState:
+    def _state(
+        self, key: tuple, rows: int, length: int, device: torch.device, dtype: torch.dtype, sampler: Callable
+    ) -> _DecodeState:
         """A cached state for `key` (rows, sampler, device) whose length fits `length` (up to twice
         as long: a longer cache only costs attention reads), else a new one."""
         parts = self._layer_parts()
         signature = self._signature(parts) + (self.lm_head.weight.data_ptr(),)
-        fits = [(k, st) for k, st in self.states.items()
-                if k[0] == key and length <= k[1] <= 2 * length and st.signature == signature]
+        fits = [
+            (k, st)
+            for k, st in self.states.items()
+            if k[0] == key and length <= k[1] <= 2 * length and st.signature == signature
+        ]
         if fits:
             found, state = min(fits, key=lambda item: item[0][1])
             self.states.move_to_end(found)
@@ -643,7 +690,7 @@ class _StaticDecoder:
             q, k, v = self.attention_inputs(hidden, w, cos, sin, self.eps, self.kv_heads, self.head_dim)
             k_cache.index_copy_(2, write_at, k)
             v_cache.index_copy_(2, write_at, v)
-            attn = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, scale=self.head_dim ** -0.5)
+            attn = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, scale=self.head_dim**-0.5)
             hidden = self.attention_output_and_mlp(hidden, attn, w, self.eps)
         logits = self.lm_head(self.text.norm(hidden))[:, 0]
         token, logprob = st.sampler(logits)

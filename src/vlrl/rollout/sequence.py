@@ -49,7 +49,7 @@ class MultimodalSequence:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def extend(self, piece: "MultimodalSequence") -> None:
+    def extend(self, piece: MultimodalSequence) -> None:
         offset = len(self.token_ids)
         self.response_spans += [(start + offset, end + offset) for start, end in piece.response_spans]
         self.token_ids += piece.token_ids
@@ -68,10 +68,16 @@ class MultimodalSequence:
         self.logprobs += list(logprobs)
         self.mm_token_type_ids += [0] * len(token_ids)
 
-    def copy(self) -> "MultimodalSequence":
+    def copy(self) -> MultimodalSequence:
         return MultimodalSequence(
-            list(self.token_ids), list(self.loss_mask), list(self.logprobs), list(self.mm_token_type_ids),
-            list(self.images), list(self.pixel_values), list(self.image_grid_thw), list(self.response_spans),
+            list(self.token_ids),
+            list(self.loss_mask),
+            list(self.logprobs),
+            list(self.mm_token_type_ids),
+            list(self.images),
+            list(self.pixel_values),
+            list(self.image_grid_thw),
+            list(self.response_spans),
         )
 
 
@@ -88,7 +94,9 @@ class ChatFormat:
         self._direct: bool | None = None
         self._text_ids: dict[str, list[int]] = {}
         self._suffixes: dict[tuple[str, int], str] = {}
-        self._images = _ImageCache(image_processor=getattr(processor, "image_processor", None), max_bytes=image_cache_mb << 20)
+        self._images = _ImageCache(
+            image_processor=getattr(processor, "image_processor", None), max_bytes=image_cache_mb << 20
+        )
         self._image_token = getattr(processor, "image_token", None)
         self._image_token_id = self.tokenizer.convert_tokens_to_ids(self._image_token) if self._image_token else None
         merge = getattr(getattr(processor, "image_processor", None), "merge_size", None)
@@ -123,7 +131,9 @@ class ChatFormat:
             reference = self._encode_with_processor(text, images)
             self._direct = direct is not None and _same_piece(direct, reference)
             if direct is not None and not self._direct:
-                log.warning("encoding pieces without the processor gave other tokens or pixels; using the processor from now on")
+                log.warning(
+                    "encoding pieces without the processor gave other tokens or pixels; using the processor from now on"
+                )
             return reference
         return self._encode_with_processor(text, images)
 
@@ -149,9 +159,13 @@ class ChatFormat:
         if image != len(processed):
             return None
         return MultimodalSequence(
-            token_ids=out, loss_mask=[0] * len(out), logprobs=[0.0] * len(out),
-            mm_token_type_ids=[int(t == self._image_token_id) for t in out], images=list(images),
-            pixel_values=[p for p, _ in processed], image_grid_thw=[g for _, g in processed],
+            token_ids=out,
+            loss_mask=[0] * len(out),
+            logprobs=[0.0] * len(out),
+            mm_token_type_ids=[int(t == self._image_token_id) for t in out],
+            images=list(images),
+            pixel_values=[p for p, _ in processed],
+            image_grid_thw=[g for _, g in processed],
         )
 
     def _encode_with_processor(self, text: str, images: list[Image.Image]) -> MultimodalSequence:
@@ -168,8 +182,13 @@ class ChatFormat:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             grids, pixels, mm_ids = [], [], [0] * len(ids)
         return MultimodalSequence(
-            token_ids=ids, loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids), mm_token_type_ids=mm_ids,
-            images=list(images), pixel_values=pixels, image_grid_thw=grids,
+            token_ids=ids,
+            loss_mask=[0] * len(ids),
+            logprobs=[0.0] * len(ids),
+            mm_token_type_ids=mm_ids,
+            images=list(images),
+            pixel_values=pixels,
+            image_grid_thw=grids,
         )
 
     # -- pieces -------------------------------------------------------------------------
@@ -194,7 +213,6 @@ class ChatFormat:
                 del getattr(piece, name)[0]
         return piece
 
-
     def _observation_suffix(self, text: str, images: int) -> str:
         """The template text after the model's response, up to the next assistant header
         (memoised: it depends only on the observation's text and image count)."""
@@ -207,7 +225,10 @@ class ChatFormat:
             head = self._render(before, True)
             full = self._render(after, True)
             if not full.startswith(head + _PLACEHOLDER):
-                raise VlrlError("the model's chat template rewrites earlier turns; multi-turn token sequences need an append-only template")
+                raise VlrlError(
+                    "the model's chat template rewrites earlier turns; multi-turn token sequences need an "
+                    "append-only template"
+                )
             if len(self._suffixes) >= 4096:
                 self._suffixes.clear()
             suffix = self._suffixes[key] = full[len(head) + len(_PLACEHOLDER) :]
@@ -243,20 +264,24 @@ class _ImageCache:
                 self.bytes -= pixels.numel() * pixels.element_size()
         return entry
 
-
     def _direct(self, image: Image.Image) -> tuple[torch.Tensor, torch.Tensor] | None:
         """What Qwen2-VL's image processor computes for an RGB image it would not resize, as a table
         lookup (its float64 rescale and float32 normalise of each uint8 value) and its patch layout;
         None for any other image or processor. ChatFormat checks a first result against the processor."""
         ip = self.image_processor
-        if image.mode != "RGB" or not all(hasattr(ip, a) for a in ("patch_size", "merge_size", "temporal_patch_size", "size")):
+        if image.mode != "RGB" or not all(
+            hasattr(ip, a) for a in ("patch_size", "merge_size", "temporal_patch_size", "size")
+        ):
             return None
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
         p, m, tp = int(ip.patch_size), int(ip.merge_size), int(ip.temporal_patch_size)
         w, h = image.size
         size = ip.size
-        if smart_resize(h, w, factor=p * m, min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"]) != (h, w):
+        if smart_resize(h, w, factor=p * m, min_pixels=size["shortest_edge"], max_pixels=size["longest_edge"]) != (
+            h,
+            w,
+        ):
             return None
         if self._lut is None:
             # Every uint8 value per channel through the processor's arithmetic, once: elementwise
@@ -278,14 +303,18 @@ class _ImageCache:
 
 
 def _same_piece(a: MultimodalSequence, b: MultimodalSequence) -> bool:
-    return (a.token_ids == b.token_ids and a.mm_token_type_ids == b.mm_token_type_ids
-            and len(a.pixel_values) == len(b.pixel_values)
-            and all(torch.equal(x, y) for x, y in zip(a.pixel_values, b.pixel_values))
-            and all(torch.equal(x, y) for x, y in zip(a.image_grid_thw, b.image_grid_thw)))
+    return (
+        a.token_ids == b.token_ids
+        and a.mm_token_type_ids == b.mm_token_type_ids
+        and len(a.pixel_values) == len(b.pixel_values)
+        and all(torch.equal(x, y) for x, y in zip(a.pixel_values, b.pixel_values))
+        and all(torch.equal(x, y) for x, y in zip(a.image_grid_thw, b.image_grid_thw))
+    )
 
 
-def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right",
-            pixels: bool = True) -> dict[str, torch.Tensor]:
+def collate(
+    sequences: list[MultimodalSequence], pad_id: int, side: str = "right", pixels: bool = True
+) -> dict[str, torch.Tensor]:
     """Pad sequences into one batch of model inputs (plus loss mask and sampling log-probs).
 
     Images are concatenated in batch order, which is the order the model matches image
@@ -307,7 +336,13 @@ def collate(sequences: list[MultimodalSequence], pad_id: int, side: str = "right
         mask[i, sl] = torch.tensor(s.loss_mask, dtype=torch.float32)
         logp[i, sl] = torch.tensor(s.logprobs, dtype=torch.float32)
         mm[i, sl] = torch.tensor(s.mm_token_type_ids, dtype=torch.long)
-    out = {"input_ids": ids, "attention_mask": attn, "loss_mask": mask, "sample_logprobs": logp, "mm_token_type_ids": mm}
+    out = {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "loss_mask": mask,
+        "sample_logprobs": logp,
+        "mm_token_type_ids": mm,
+    }
     grids = [g for s in sequences for g in s.image_grid_thw]
     if grids:
         if pixels:

@@ -110,7 +110,9 @@ def weights_signature(module: torch.nn.Module) -> tuple:
     return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in module.parameters())
 
 
-def per_image_features(out: Any, grids: torch.Tensor, merge: int) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
+def per_image_features(
+    out: Any, grids: torch.Tensor, merge: int
+) -> tuple[tuple[torch.Tensor, ...], list[tuple[torch.Tensor, ...]]]:
     """(embeddings per image, per deepstack layer: features per image) of a `get_image_features` output.
 
     transformers 5.19 splits both by image; 5.17 (the GPU image's) splits the embeddings only and
@@ -124,8 +126,9 @@ def per_image_features(out: Any, grids: torch.Tensor, merge: int) -> tuple[tuple
     return split(out.pooler_output), [split(f) for f in out.deepstack_features]
 
 
-def image_features(cache: VisionFeatureCache, vlm: Any, pixels: list[torch.Tensor], grids: torch.Tensor,
-                   device: torch.device) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], dict[str, int]]:
+def image_features(
+    cache: VisionFeatureCache, vlm: Any, pixels: list[torch.Tensor], grids: torch.Tensor, device: torch.device
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], dict[str, int]]:
     """Embeddings and deepstack features of each image in order: the cached ones looked up, the
     others (each distinct tensor once) encoded in ONE vision-tower call and cached. Also returns
     counts: images, encoded, and bytes of pixels moved to the device."""
@@ -161,9 +164,16 @@ def image_features(cache: VisionFeatureCache, vlm: Any, pixels: list[torch.Tenso
     return embeds, deepstack, {"images": len(pixels), "encoded": len(todo), "pixel_bytes": moved}
 
 
-def prefill_from_features(text: Any, lm_head: Any, input_ids: torch.Tensor, image_mask: torch.Tensor,
-                          attention_mask: torch.Tensor, position_ids: torch.Tensor, embeds: list[torch.Tensor],
-                          deepstack: list[list[torch.Tensor]]):
+def prefill_from_features(
+    text: Any,
+    lm_head: Any,
+    input_ids: torch.Tensor,
+    image_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    embeds: list[torch.Tensor],
+    deepstack: list[list[torch.Tensor]],
+):
     """Qwen3VLModel.forward's image path from given features: token embeddings with the image
     features scattered (in order) onto the image placeholders (`image_mask`, whose count the
     caller checked), deepstack features on the same positions; then the language model (KV cache
@@ -176,6 +186,13 @@ def prefill_from_features(text: Any, lm_head: Any, input_ids: torch.Tensor, imag
         inputs_embeds = inputs_embeds.masked_scatter(image_mask[..., None], features)
         visual_pos_masks = image_mask
         deepstack_visual_embeds = [torch.cat(layer, dim=0) for layer in deepstack]
-    out = text(input_ids=None, position_ids=position_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-               use_cache=True, visual_pos_masks=visual_pos_masks, deepstack_visual_embeds=deepstack_visual_embeds)
+    out = text(
+        input_ids=None,
+        position_ids=position_ids,
+        attention_mask=attention_mask,
+        inputs_embeds=inputs_embeds,
+        use_cache=True,
+        visual_pos_masks=visual_pos_masks,
+        deepstack_visual_embeds=deepstack_visual_embeds,
+    )
     return lm_head(out.last_hidden_state[:, -1]), out.past_key_values

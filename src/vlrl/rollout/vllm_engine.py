@@ -55,17 +55,26 @@ import numpy as np
 import torch
 
 from vlrl.errors import VlrlError
-from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
-from vlrl.rollout.sequence import MultimodalSequence
 from vlrl.models import vision_merge
 from vlrl.rollout import vllm_compat as compat
+from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
+from vlrl.rollout.sequence import MultimodalSequence
 
 log = logging.getLogger(__name__)
 
 # vLLM accepts only these values for max_lora_rank; the adapter's rank is rounded up to one.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-_PEFT_FIELDS = ("r", "lora_alpha", "target_modules", "bias", "use_rslora", "use_dora", "modules_to_save",
-                "rank_pattern", "alpha_pattern")
+_PEFT_FIELDS = (
+    "r",
+    "lora_alpha",
+    "target_modules",
+    "bias",
+    "use_rslora",
+    "use_dora",
+    "modules_to_save",
+    "rank_pattern",
+    "alpha_pattern",
+)
 
 
 def vllm_lora_config(peft_model: Any) -> dict[str, Any]:
@@ -208,8 +217,13 @@ class VLLMEngine(RolloutEngine):
         self.adapter_transport = adapter_transport
         if adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
             self._fall_back_to_files("this vLLM has no hook for in-memory LoRA loading")
-        log.info("vLLM %s engine up in %.1f s (%s, adapters by %s)", vllm.__version__, self.startup_s,
-                 "GPU" if use_gpu else "CPU", self.adapter_transport)
+        log.info(
+            "vLLM %s engine up in %.1f s (%s, adapters by %s)",
+            vllm.__version__,
+            self.startup_s,
+            "GPU" if use_gpu else "CPU",
+            self.adapter_transport,
+        )
 
     def _check_bad_words(self) -> None:
         """vLLM bans `bad_words` by tokenizing them; each must be exactly its one special token."""
@@ -243,8 +257,14 @@ class VLLMEngine(RolloutEngine):
         self._version = version
         elapsed = time.perf_counter() - start
         self.sync_times.append(elapsed)
-        log.info("vLLM adapter v%d loaded (id %d, %s%s) in %.3f s", version, lora_id, self.adapter_transport,
-                 ", vision tower merged" if vision else "", elapsed)
+        log.info(
+            "vLLM adapter v%d loaded (id %d, %s%s) in %.3f s",
+            version,
+            lora_id,
+            self.adapter_transport,
+            ", vision tower merged" if vision else "",
+            elapsed,
+        )
         return elapsed
 
     def _load_lora(self, tensors: dict[str, torch.Tensor], version: int) -> int:
@@ -321,8 +341,12 @@ class VLLMEngine(RolloutEngine):
             self._tmp_root = Path(tempfile.mkdtemp(prefix="vlrl-vllm-adapters-", dir=compat.adapter_scratch_dir()))
         out = self._tmp_root / f"adapter-{lora_id}"
         out.mkdir()
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
-        (out / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", **self.lora_config}), encoding="utf-8")
+        save_file(
+            {k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors")
+        )
+        (out / "adapter_config.json").write_text(
+            json.dumps({"peft_type": "LORA", **self.lora_config}), encoding="utf-8"
+        )
         self._adapter_dirs.append(out)
         return out
 
@@ -414,16 +438,35 @@ class VLLMEngine(RolloutEngine):
 
 # Warnings vLLM prints at every start that say nothing actionable for us: one line per vision-tower
 # linear layer (vLLM's LoRA covers the language model only; the engine merges vision LoRA itself),
-# the partial weight reloads of that merge on CPU, the CPU build's notes on thread binding (we restore torch.set_num_threads), the global seed (we restore the RNG states),
+# the partial weight reloads of that merge on CPU, the CPU build's notes on thread binding (we restore
+# torch.set_num_threads), the global seed (we restore the RNG states),
 # tcmalloc/iomp preloading, Triton and eager mode. Filters sit on the emitting module loggers,
 # because vLLM rebuilds its handlers when an engine starts.
-_VLLM_NOISE = ("PunicaWrapper", "Failed to load weights", "were not loaded from checkpoint", "Reloading",
-               "set_num_threads", "LD_PRELOAD", "global random seed", "VLLM_DIST_IDENT", "SSM cache type",
-               "Triton", "Enforce eager set", "Inductor compilation was disabled")
-_NOISY_LOGGERS = ("vllm.lora.model_manager", "vllm.model_executor.model_loader.reload.layerwise",
-                  "vllm.model_executor.model_loader.reload.inplace", "vllm.v1.worker.gpu_model_runner",
-                  "vllm.v1.worker.cpu_worker", "vllm.engine.arg_utils", "vllm.platforms.cpu",
-                  "vllm.platforms.interface", "vllm.config.vllm")
+_VLLM_NOISE = (
+    "PunicaWrapper",
+    "Failed to load weights",
+    "were not loaded from checkpoint",
+    "Reloading",
+    "set_num_threads",
+    "LD_PRELOAD",
+    "global random seed",
+    "VLLM_DIST_IDENT",
+    "SSM cache type",
+    "Triton",
+    "Enforce eager set",
+    "Inductor compilation was disabled",
+)
+_NOISY_LOGGERS = (
+    "vllm.lora.model_manager",
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.cpu_worker",
+    "vllm.engine.arg_utils",
+    "vllm.platforms.cpu",
+    "vllm.platforms.interface",
+    "vllm.config.vllm",
+)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -50,7 +50,9 @@ def set_auth_mode(joining: bool) -> str:
     """Set RAY_AUTH_MODE explicitly (see the module docstring) and return it."""
     mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
     if mode not in ("", "token", "disabled"):
-        raise VlrlError(f"RAY_AUTH_MODE={mode!r} is not a Ray auth mode; use 'token' (with RAY_AUTH_TOKEN) or 'disabled'")
+        raise VlrlError(
+            f"RAY_AUTH_MODE={mode!r} is not a Ray auth mode; use 'token' (with RAY_AUTH_TOKEN) or 'disabled'"
+        )
     if not mode:
         mode = "token" if (has_auth_token() or not joining) else "disabled"
         os.environ["RAY_AUTH_MODE"] = mode
@@ -133,8 +135,13 @@ def connect(runtime: RuntimeConfig) -> bool:
         if mode == "token" and source:
             why = f"the cluster refused the token from {source}; set RAY_AUTH_TOKEN to the cluster's token"
         else:
-            why = f"this client sends no token (RAY_AUTH_MODE={mode}); set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to the cluster's token"
-        raise VlrlError(f"cannot join the Ray cluster at {address} ({first}); it answers, so most likely {why}") from None
+            why = (
+                f"this client sends no token (RAY_AUTH_MODE={mode}); set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN to "
+                "the cluster's token"
+            )
+        raise VlrlError(
+            f"cannot join the Ray cluster at {address} ({first}); it answers, so most likely {why}"
+        ) from None
     return True
 
 

@@ -37,8 +37,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
-                       timeout_s: float) -> None:
+def init_process_group(
+    rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device, timeout_s: float
+) -> None:
     """Join the run's process group: NCCL on GPU, gloo on CPU; rank 0's node hosts the rendezvous."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
@@ -74,7 +75,9 @@ def shard_policy(model: nn.Module, device: torch.device) -> nn.Module:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     block_classes = set(getattr(base, "_no_split_modules", None) or [])
     if not block_classes:
-        raise VlrlError(f"{type(base).__name__} lists no transformer block classes (_no_split_modules); cannot shard it with FSDP")
+        raise VlrlError(
+            f"{type(base).__name__} lists no transformer block classes (_no_split_modules); cannot shard it with FSDP"
+        )
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     blocks = [m for m in model.modules() if type(m).__name__ in block_classes]
     for block in blocks:

@@ -29,9 +29,10 @@ import secrets
 import shlex
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import vlrl
 from vlrl.config import config_to_yaml, load_config
@@ -201,14 +202,18 @@ class JobsClient:
             self._check_auth(403 if "Forbidden" in text or "invalid" in text else 401)
             raise VlrlError(f"Ray token authentication failed at {self.address}: {text.splitlines()[0]}") from None
         except requests.exceptions.ConnectionError as exc:
-            raise VlrlError(f"lost the connection to the Ray dashboard at {self.address} ({_connection_reason(exc)})") from None
+            raise VlrlError(
+                f"lost the connection to the Ray dashboard at {self.address} ({_connection_reason(exc)})"
+            ) from None
         except RuntimeError as exc:
             text = str(exc)
             if job_id is not None and "404" in text:
-                raise VlrlError(f"no job '{job_id}' on the Ray cluster at {self.address}; `vlrl jobs list` shows the jobs") from None
+                raise VlrlError(
+                    f"no job '{job_id}' on the Ray cluster at {self.address}; `vlrl jobs list` shows the jobs"
+                ) from None
             raise VlrlError(f"the Ray Jobs API at {self.address} refused the request: {text.splitlines()[0]}") from None
 
-    def submit(self, submission: "JobSubmission") -> str:
+    def submit(self, submission: JobSubmission) -> str:
         """Submit a prepared job; returns its id. The job runs on without this process."""
         with tempfile.TemporaryDirectory(prefix="vlrl-job-") as staging:
             # The working dir holds only the resolved config; Ray uploads it (content-addressed).
@@ -222,13 +227,13 @@ class JobsClient:
                     metadata=submission.metadata,
                 )
 
-    def list(self) -> list["JobDetails"]:
+    def list(self) -> list[JobDetails]:
         """Every job the cluster knows, oldest first."""
         with self._errors():
             jobs = self._client.list_jobs()
         return sorted(jobs, key=lambda job: job.start_time or 0)
 
-    def info(self, job_id: str) -> "JobDetails":
+    def info(self, job_id: str) -> JobDetails:
         """Status, times, entrypoint and metadata of one job."""
         with self._errors(job_id):
             return self._client.get_job_info(job_id)
@@ -386,7 +391,7 @@ def prepare_submission(
     )
 
 
-def job_summary(job: "JobDetails") -> dict[str, str]:
+def job_summary(job: JobDetails) -> dict[str, str]:
     """The fields `vlrl jobs status` shows, as display strings."""
 
     def when(ms: int | None) -> str:
@@ -411,7 +416,7 @@ def job_summary(job: "JobDetails") -> dict[str, str]:
     return rows
 
 
-def format_duration(job: "JobDetails") -> str:
+def format_duration(job: JobDetails) -> str:
     """Run time so far (or in total) as 1h02m03s / 4m05s / 6s."""
     if not job.start_time:
         return "-"

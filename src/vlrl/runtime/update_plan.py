@@ -73,7 +73,10 @@ def make_update_plans(sizes: list[int], seed: int, algo: AlgoConfig, world_size:
             mini = order[m : m + algo.mini_batch_size]
             denominators.append(sum(sizes[i] for i in mini) if by_tokens else sum(1 for i in mini if sizes[i] > 0))
             shares = split_evenly(mini, world_size)
-            micros = [[share[k : k + algo.micro_batch_size] for k in range(0, len(share), algo.micro_batch_size)] for share in shares]
+            micros = [
+                [share[k : k + algo.micro_batch_size] for k in range(0, len(share), algo.micro_batch_size)]
+                for share in shares
+            ]
             passes = max(len(m_) for m_ in micros)
             for rank, (share, micro) in enumerate(zip(shares, micros)):
                 steps[rank].append(micro + [[] for _ in range(passes - len(micro))])
@@ -121,13 +124,16 @@ def combine_update_stats(partials: list[list[dict[str, float]]]) -> UpdateStats:
                     merged[k] = merge_stat(k, merged.get(k), v)
         for k, v in merged.items():
             totals[k] = merge_stat(k, totals.get(k), v)
-    stats = {k: v if k.endswith(("_max", "_min")) or k.startswith("mismatch_") else v / max(1, steps)
-             for k, v in totals.items() if not k.startswith("time_")}
+    stats = {
+        k: v if k.endswith(("_max", "_min")) or k.startswith("mismatch_") else v / max(1, steps)
+        for k, v in totals.items()
+        if not k.startswith("time_")
+    }
     tokens = stats.pop("mismatch_tokens", 0.0)
     abs_sum, k3_sum = stats.pop("mismatch_abs_sum", 0.0), stats.pop("mismatch_k3_sum", 0.0)
     if tokens > 0:
         stats["logprob_diff_mean"], stats["kl_sampler_trainer_k3"] = abs_sum / tokens, k3_sum / tokens
-    return UpdateStats(stats, {k[len("time_"):]: v for k, v in totals.items() if k.startswith("time_")})
+    return UpdateStats(stats, {k[len("time_") :]: v for k, v in totals.items() if k.startswith("time_")})
 
 
 # The update's sampler-vs-trainer stats, which the trainer records as `rollout/<key>`.

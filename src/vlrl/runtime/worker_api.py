@@ -32,8 +32,9 @@ class WorkerGroup(Protocol):
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
         """The run's sampling (`rollout.*`), or greedy decoding, seeded with `seed`."""
 
-    def rollout(self, tasks: list[Task], group_size: int, params: SamplingParams,
-                stats: RolloutStats | None = None) -> list[Episode]:
+    def rollout(
+        self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None
+    ) -> list[Episode]:
         """`group_size` episodes per task, in task order; adds generation and env costs to `stats`."""
 
     def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> UpdateStats:

@@ -8,7 +8,8 @@ worker class it hosts (`worker_cls`): the runtime sits below training and never 
     rollout   tasks split into contiguous chunks, one per worker (a task's G episodes stay on one
               worker), each worker sampling with a seed derived from the step's seed and its rank;
               episodes come back in task order
-    update    `make_update_plans` (`vlrl.runtime.update_plan`) on the driver: the mini-batches one worker would use, a share of
+    update    `make_update_plans` (`vlrl.runtime.update_plan`) on the driver: the mini-batches one worker would use, a
+    share of
               each for every worker; each worker gets only the episodes of its plan
     evaluate  tasks split like rollouts; results concatenated in task order
     state     adapter / optimizer state gathered from the FSDP shards, rank 0's copy returned;
@@ -85,11 +86,27 @@ class WorkerActor:
 
         return free_port()
 
-    def start(self, worker_cls: type, config: RunConfig, total_optimizer_steps: int, adapter_dir: str | None, rank: int,
-              world_size: int, master_addr: str, master_port: int | None) -> None:
+    def start(
+        self,
+        worker_cls: type,
+        config: RunConfig,
+        total_optimizer_steps: int,
+        adapter_dir: str | None,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int | None,
+    ) -> None:
         check_storage(config.storage.root, rank)
-        self.worker = worker_cls(config, total_optimizer_steps, adapter_dir, rank=rank, world_size=world_size,
-                                 master_addr=master_addr, master_port=master_port)
+        self.worker = worker_cls(
+            config,
+            total_optimizer_steps,
+            adapter_dir,
+            rank=rank,
+            world_size=world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+        )
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
@@ -129,7 +146,9 @@ class RayWorkerGroup:
     `worker_cls(config, total_optimizer_steps, adapter_dir, rank=, world_size=, master_addr=, master_port=)`.
     """
 
-    def __init__(self, config: RunConfig, total_optimizer_steps: int, init_adapter: str | None = None, *, worker_cls: type):
+    def __init__(
+        self, config: RunConfig, total_optimizer_steps: int, init_adapter: str | None = None, *, worker_cls: type
+    ):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -156,18 +175,33 @@ class RayWorkerGroup:
             actor_cls = ray.remote(WorkerActor)
             for rank in range(self.world_size):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
-                self.actors.append(actor_cls.options(num_cpus=rt.cpus_per_worker, num_gpus=bundle_gpus,
-                                                     scheduling_strategy=strategy).remote())
+                self.actors.append(
+                    actor_cls.options(
+                        num_cpus=rt.cpus_per_worker, num_gpus=bundle_gpus, scheduling_strategy=strategy
+                    ).remote()
+                )
             nodes = self._all("node", [a.node.remote() for a in self.actors])
             self.node_ids = [node_id for node_id, _ in nodes]  # per rank
             self.node_names = [name for _, name in nodes]
             master_addr = ray.get(self.actors[0].node_ip.remote())
             port = ray.get(self.actors[0].free_port.remote()) if self.world_size > 1 else None
             adapter = _absolute(init_adapter) if init_adapter else None
-            self._all("start", [
-                a.start.remote(worker_cls, self.config, total_optimizer_steps, adapter, rank, self.world_size, master_addr, port)
-                for rank, a in enumerate(self.actors)
-            ])
+            self._all(
+                "start",
+                [
+                    a.start.remote(
+                        worker_cls,
+                        self.config,
+                        total_optimizer_steps,
+                        adapter,
+                        rank,
+                        self.world_size,
+                        master_addr,
+                        port,
+                    )
+                    for rank, a in enumerate(self.actors)
+                ],
+            )
         except BaseException:
             self.close()
             raise
@@ -246,7 +280,9 @@ class RayWorkerGroup:
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
         return sampling_params(self.config, greedy, seed)
 
-    def rollout(self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None) -> list[Episode]:
+    def rollout(
+        self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None
+    ) -> list[Episode]:
         """Episodes of every task in task order, G per task, played on all workers at once.
 
         Merged stats: token and call counts add up; generate and env seconds are those of the
@@ -278,12 +314,18 @@ class RayWorkerGroup:
         seed = self.config.train.seed
         calls = [
             self.actors[rank].call.remote("evaluate", chunk, greedy, label, rank_seed(seed, rank))
-            for rank, chunk in enumerate(split_evenly(list(tasks), self.world_size)) if chunk
+            for rank, chunk in enumerate(split_evenly(list(tasks), self.world_size))
+            if chunk
         ] or [self.actors[0].call.remote("evaluate", [], greedy, label, seed)]
         parts = self._all("evaluate", calls)
         first = parts[0]
-        return EvalResult(first.label, first.split, first.decoding,
-                          [e for p in parts for e in p.episodes], [t for p in parts for t in p.traces])
+        return EvalResult(
+            first.label,
+            first.split,
+            first.decoding,
+            [e for p in parts for e in p.episodes],
+            [t for p in parts for t in p.traces],
+        )
 
     def update(self, episodes: list[Episode], advantages: list[float], seed: int) -> UpdateStats:
         """One GRPO update, data-parallel, equal to one worker's on the same episodes (see update_plan.py).
@@ -293,7 +335,9 @@ class RayWorkerGroup:
         """
         plans = make_update_plans([loss_units(e.sequence) for e in episodes], seed, self.config.algo, self.world_size)
         calls = [
-            actor.call.remote("update_shard", [episodes[i] for i in plan.indices], [advantages[i] for i in plan.indices], plan)
+            actor.call.remote(
+                "update_shard", [episodes[i] for i in plan.indices], [advantages[i] for i in plan.indices], plan
+            )
             for actor, plan in zip(self.actors, plans)
         ]
         return combine_update_stats(self._all("update", calls))
@@ -362,7 +406,7 @@ class RayWorkerGroup:
         """Kill the actors and remove the placement group (safe to call twice)."""
         self._release()
 
-    def __enter__(self) -> "RayWorkerGroup":
+    def __enter__(self) -> RayWorkerGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -23,7 +23,9 @@ def parse_registry_ref(ref: str) -> tuple[str, str]:
     return name, alias
 
 
-def registry_adapter(ref: str, config_path: str | Path | None = None, uri: str | None = None) -> tuple[AdapterSpec, str]:
+def registry_adapter(
+    ref: str, config_path: str | Path | None = None, uri: str | None = None
+) -> tuple[AdapterSpec, str]:
     """(what to serve, the version number as text) for `NAME@ALIAS` in the registry of the run
     config at `config_path` (default settings when None) or at `uri`."""
     from vlrl.config import load_config
@@ -34,7 +36,8 @@ def registry_adapter(ref: str, config_path: str | Path | None = None, uri: str |
     info = registry.show(name, f"@{alias}")
     if info["files"] != "unchanged":
         raise VlrlError(
-            f"{name} v{info['version']} ({alias}): its adapter at {info['source']} is {info['files']} since registration; "
+            f"{name} v{info['version']} ({alias}): its adapter at {info['source']} is {info['files']} since "
+            "registration; "
             "register it again before serving it"
         )
     spec = adapter_spec(f"{name}-{alias}", info["source"], tag=f"v{info['version']}")

@@ -16,7 +16,7 @@ Its own CollectorRegistry, like the training exporter: nothing from other librar
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,8 +33,9 @@ class _RouteCollector(Collector):
         self.routes = routes
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily("vlrl_serve_route_info", "Always 1: the version each public name routes to.",
-                                   labels=["name", "target"])
+        family = GaugeMetricFamily(
+            "vlrl_serve_route_info", "Always 1: the version each public name routes to.", labels=["name", "target"]
+        )
         for name, target in sorted(self.routes().items()):
             family.add_metric([name, target], 1.0)
         yield family
@@ -45,10 +46,19 @@ class ServeMetrics:
 
     def __init__(self, routes: Callable[[], dict[str, str]]):
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("vlrl_serve_requests", "Requests answered, by model and HTTP status.",
-                                ["model", "status"], registry=self.registry)
-        self.latency = Histogram("vlrl_serve_request_seconds", "Seconds from the request's arrival to the last byte of the answer.",
-                                 ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "vlrl_serve_requests",
+            "Requests answered, by model and HTTP status.",
+            ["model", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "vlrl_serve_request_seconds",
+            "Seconds from the request's arrival to the last byte of the answer.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_RouteCollector(routes))
 
     def observe(self, model: str, status: int, seconds: float) -> None:

@@ -52,7 +52,7 @@ class PlaySettings:
     logit_bias: dict[str, int]
 
     @classmethod
-    def from_config(cls, config: RunConfig, greedy: bool, logit_bias: dict[str, int]) -> "PlaySettings":
+    def from_config(cls, config: RunConfig, greedy: bool, logit_bias: dict[str, int]) -> PlaySettings:
         r = config.rollout
         return cls(greedy, r.temperature, r.top_p, r.max_new_tokens, r.max_model_len, config.train.seed, logit_bias)
 
@@ -77,7 +77,9 @@ def vision_logit_bias(url: str, api_key: str, model: str) -> dict[str, int]:
     for token in VISION_SPECIAL_TOKENS:
         payload = json.dumps({"model": model, "prompt": token, "add_special_tokens": False}).encode()
         request = urllib.request.Request(
-            base_url(url).removesuffix("/v1") + "/tokenize", data=payload, method="POST",
+            base_url(url).removesuffix("/v1") + "/tokenize",
+            data=payload,
+            method="POST",
             headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
         )
         try:
@@ -107,14 +109,22 @@ def play_episode(client: Any, model: str, config: RunConfig, task: Task, setting
     served_by: list[str] = []
     truncated, response_tokens, turn = False, 0, 0
     while True:
-        sampling: dict[str, Any] = {"temperature": 0.0} if settings.greedy else {
-            "temperature": settings.temperature, "top_p": settings.top_p,
-            "seed": None if settings.seed is None else settings.seed + turn,
-        }
+        sampling: dict[str, Any] = (
+            {"temperature": 0.0}
+            if settings.greedy
+            else {
+                "temperature": settings.temperature,
+                "top_p": settings.top_p,
+                "seed": None if settings.seed is None else settings.seed + turn,
+            }
+        )
         try:
             reply = client.chat.completions.create(
-                model=model, messages=messages, max_tokens=settings.max_new_tokens,
-                logit_bias=settings.logit_bias or None, **sampling,
+                model=model,
+                messages=messages,
+                max_tokens=settings.max_new_tokens,
+                logit_bias=settings.logit_bias or None,
+                **sampling,
             )
         except openai.BadRequestError as exc:
             if turn and _is_context_error(exc):
@@ -142,7 +152,14 @@ def play_episode(client: Any, model: str, config: RunConfig, task: Task, setting
 
 
 def play_episodes(
-    url: str, api_key: str, model: str, config: RunConfig, tasks: list[Task], *, greedy: bool = True, concurrency: int = 8
+    url: str,
+    api_key: str,
+    model: str,
+    config: RunConfig,
+    tasks: list[Task],
+    *,
+    greedy: bool = True,
+    concurrency: int = 8,
 ) -> EvalResult:
     """One episode per task against the served `model`, `concurrency` episodes at a time."""
     import openai
@@ -164,7 +181,13 @@ def play_episodes(
     # Like `vlrl eval`'s meta (same split version and task hash: comparable), but no "model"
     # identity: a served result is not evidence the registry's gate may take as an offline one.
     served_by = sorted({m for _, trace in outcomes for m in trace["served_by"]})
-    meta = {"split_version": split_version(config.env, split) if tasks else None, "tasks_hash": tasks_hash(tasks),
-            "env": config.env.name, "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "served": {"url": base_url(url), "model": model, "versions": served_by}}
-    return EvalResult(f"{model} (served)", split, decoding, [row for row, _ in outcomes], [trace for _, trace in outcomes], meta)
+    meta = {
+        "split_version": split_version(config.env, split) if tasks else None,
+        "tasks_hash": tasks_hash(tasks),
+        "env": config.env.name,
+        "evaluated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "served": {"url": base_url(url), "model": model, "versions": served_by},
+    }
+    return EvalResult(
+        f"{model} (served)", split, decoding, [row for row, _ in outcomes], [trace for _, trace in outcomes], meta
+    )

@@ -48,7 +48,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from vlrl.access import Identities, Identity
 from vlrl.errors import VlrlError
@@ -67,9 +68,21 @@ LOAD_PATHS = ("/v1/load_lora_adapter", "/adapters")
 UNLOAD_PATH = "/v1/unload_lora_adapter"
 # POST paths that query a model (vLLM 0.32's OpenAI, SageMaker and tokenizer APIs): viewer.
 QUERY_PATHS = (
-    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/score", "/v1/rerank",
-    "/v1/audio/transcriptions", "/v1/audio/translations", "/invocations", "/tokenize", "/detokenize",
-    "/pooling", "/classify", "/score", "/rerank",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/score",
+    "/v1/rerank",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/invocations",
+    "/tokenize",
+    "/detokenize",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/rerank",
 )
 WATCH_IDENTITY = Identity("registry-watch", "approver")
 AUDITED_FIELDS = ("name", "target", "lora_name", "lora_path", "src")  # what a change names, in the audit log
@@ -97,7 +110,7 @@ class RouteTable:
         self.base_fingerprint = base_fingerprint
 
     @classmethod
-    def from_env(cls) -> "RouteTable":
+    def from_env(cls) -> RouteTable:
         routes = json.loads(os.environ.get("VLRL_SERVE_ROUTES") or "{}")
         return cls(routes, os.environ.get("VLRL_SERVE_BASE_FINGERPRINT") or None)
 
@@ -142,7 +155,7 @@ def identities_from_env() -> Identities | None:
 
 def write_audit(entry: dict[str, Any]) -> None:
     """One JSON line: to VLRL_SERVE_AUDIT_LOG when set, else to stderr (the server's log)."""
-    line = json.dumps({"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **entry})
+    line = json.dumps({"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), **entry})
     path = os.environ.get("VLRL_SERVE_AUDIT_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -192,8 +205,12 @@ class Exchange:
         return {
             "identity": self.identity.name if self.identity else None,
             "role": self.identity.role if self.identity else None,
-            "method": self.method, "path": self.path, "needs": self.needed, "status": status,
-            "decision": "allowed" if status < 400 else "refused", **self.details,
+            "method": self.method,
+            "path": self.path,
+            "needs": self.needed,
+            "status": status,
+            "decision": "allowed" if status < 400 else "refused",
+            **self.details,
         }
 
 
@@ -272,20 +289,26 @@ class RoutingMiddleware:
             self.metrics.observe(exchange.model, exchange.status or 500, time.perf_counter() - exchange.started)
             exchange.audit()  # when the answer never completed (an error, a disconnect)
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str, method: str, exchange: Exchange) -> None:
+    async def _handle(
+        self, scope: Scope, receive: Receive, send: Send, path: str, method: str, exchange: Exchange
+    ) -> None:
         identity = exchange.identity
         if identity is None:
             return await _send_json(send, 401, {"error": "Unauthorized"})
         if not identity.may(exchange.needed):
-            message = (f"identity {identity.name} ({identity.role}) may not {method} {path}: "
-                       f"that needs the role {exchange.needed} or higher")
+            message = (
+                f"identity {identity.name} ({identity.role}) may not {method} {path}: "
+                f"that needs the role {exchange.needed} or higher"
+            )
             if method == "POST":  # the audit log says what was attempted, not only that it was refused
                 try:
                     payload = json.loads(await _read_body(receive) or b"null")
                 except (ValueError, ConnectionError):
                     payload = None
                 if isinstance(payload, dict):
-                    exchange.details.update({k: v for k, v in payload.items() if k in AUDITED_FIELDS and isinstance(v, str)})
+                    exchange.details.update(
+                        {k: v for k, v in payload.items() if k in AUDITED_FIELDS and isinstance(v, str)}
+                    )
             return await _send_json(send, 403, _error(message, "PermissionDenied", 403))
         if path == ROUTES_PATH:
             return await self._routes(scope, receive, send, exchange)
@@ -334,10 +357,14 @@ class RoutingMiddleware:
         target = None
         if isinstance(payload, dict):
             if exchange.changes_serving:
-                exchange.details.update({k: v for k, v in payload.items() if k in AUDITED_FIELDS and isinstance(v, str)})
+                exchange.details.update(
+                    {k: v for k, v in payload.items() if k in AUDITED_FIELDS and isinstance(v, str)}
+                )
             exchange.model = self._model_label(payload.get("model"))
             if path in LOAD_PATHS:
-                conflict = self._name_conflict(payload.get("lora_name") or payload.get("name"), payload.get("load_inplace"))
+                conflict = self._name_conflict(
+                    payload.get("lora_name") or payload.get("name"), payload.get("load_inplace")
+                )
                 if conflict:
                     return await _send_json(send, 409, _error(conflict, "Conflict", 409))
                 problem = self._load_problem(payload.get("lora_path") or payload.get("src"))
@@ -395,7 +422,10 @@ class RoutingMiddleware:
         if inplace and (name in self.table.routes.values() or self.table.inflight.get(name)):
             # In place, vLLM keeps the LoRA id: requests running on this version would switch
             # weights halfway through their answer.
-            return f"{name} is being served; load the new weights under a new name and swap the route instead of load_inplace"
+            return (
+                f"{name} is being served; load the new weights under a new name and swap the route instead of "
+                "load_inplace"
+            )
         return None
 
     def _unload_problem(self, name: Any) -> str | None:
@@ -416,8 +446,14 @@ class RoutingMiddleware:
                 payload = json.loads(await _read_body(receive) or b"null")
             except (ValueError, ConnectionError):
                 payload = None
-            if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not isinstance(payload.get("target"), str):
-                return await _send_json(send, 400, _error('send {"name": PUBLIC, "target": INTERNAL}', "BadRequestError", 400))
+            if (
+                not isinstance(payload, dict)
+                or not isinstance(payload.get("name"), str)
+                or not isinstance(payload.get("target"), str)
+            ):
+                return await _send_json(
+                    send, 400, _error('send {"name": PUBLIC, "target": INTERNAL}', "BadRequestError", 400)
+                )
             name, target = payload["name"], payload["target"]
             exchange.details.update(name=name, target=target)
             try:
@@ -435,14 +471,18 @@ class RoutingMiddleware:
             return await _send_json(send, 200, {"name": name, "target": target, "previous": previous})
         if scope["method"] != "GET":
             return await _send_json(send, 405, _error("use GET or POST", "MethodNotAllowed", 405))
-        await _send_json(send, 200, {
-            "base_fingerprint": table.base_fingerprint,
-            "routes": table.routes,
-            "history": table.history,
-            "inflight": table.inflight,
-            "adapters": loaded or {},
-            "paths": table.paths,
-        })
+        await _send_json(
+            send,
+            200,
+            {
+                "base_fingerprint": table.base_fingerprint,
+                "routes": table.routes,
+                "history": table.history,
+                "inflight": table.inflight,
+                "adapters": loaded or {},
+                "paths": table.paths,
+            },
+        )
 
     async def _ready(self, scope: Scope, send: Send) -> None:
         loaded = _loaded_adapters(scope)

@@ -80,7 +80,8 @@ def require_vllm() -> None:
     if importlib.util.find_spec("vllm") is None:
         raise VlrlError(
             f"vLLM is not installed in this Python ({sys.executable}); `vlrl serve` runs vLLM's server: "
-            "install vLLM (GPU: the image's pinned vllm; CPU: scripts/setup-vllm-venv.sh) and run vlrl from that environment"
+            "install vLLM (GPU: the image's pinned vllm; CPU: scripts/setup-vllm-venv.sh) and run vlrl from that "
+            "environment"
         )
 
 
@@ -108,29 +109,46 @@ def vllm_command(options: ServeOptions, python: str | None = None) -> list[str]:
             value = value or (options.extra_args[i + 1] if i + 1 < len(options.extra_args) else "")
             if value.strip() != "1":
                 # Each API server process would hold its own route table; a swap would reach one of them.
-                raise VlrlError("vlrl serve runs one API server process (the route table lives in it); drop --api-server-count")
+                raise VlrlError(
+                    "vlrl serve runs one API server process (the route table lives in it); drop --api-server-count"
+                )
         if name in ("--api-key", "--lora-modules", "--middleware", "--model"):
             raise VlrlError(f"{name} is set by vlrl serve itself; use its own options instead of --vllm-arg")
     rank = options.max_lora_rank or vllm_rank([adapter_rank(a.path) for a in options.adapters])
     modules = [json.dumps({"name": a.internal_name, "path": str(a.path)}) for a in options.adapters]
     argv = [
-        python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(Path(options.base).resolve()),
-        "--served-model-name", options.served_base_name,
-        "--host", options.host,
-        "--port", str(options.port),
-        "--dtype", options.dtype or serving_dtype(options.base, _has_gpu()),
-        "--max-model-len", str(options.max_model_len),
-        "--generation-config", "vllm",
-        "--limit-mm-per-prompt", json.dumps({"image": options.max_images, "video": 0}),
+        python or sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(Path(options.base).resolve()),
+        "--served-model-name",
+        options.served_base_name,
+        "--host",
+        options.host,
+        "--port",
+        str(options.port),
+        "--dtype",
+        options.dtype or serving_dtype(options.base, _has_gpu()),
+        "--max-model-len",
+        str(options.max_model_len),
+        "--generation-config",
+        "vllm",
+        "--limit-mm-per-prompt",
+        json.dumps({"image": options.max_images, "video": 0}),
         "--enable-lora",
-        "--max-loras", str(options.max_loras),
+        "--max-loras",
+        str(options.max_loras),
         # Room for the current and previous version of each adapter plus one being swapped in, so
         # a swap or rollback never waits for an adapter to be re-read from disk.
-        "--max-cpu-loras", str(max(options.max_loras, 3 * len(options.adapters))),
-        "--max-lora-rank", str(rank),
-        "--lora-modules", *modules,
-        "--middleware", MIDDLEWARE,
+        "--max-cpu-loras",
+        str(max(options.max_loras, 3 * len(options.adapters))),
+        "--max-lora-rank",
+        str(rank),
+        "--lora-modules",
+        *modules,
+        "--middleware",
+        MIDDLEWARE,
         "--disable-uvicorn-access-log",
     ]
     kv_mb = options.kv_cache_mb if options.kv_cache_mb is not None else (None if _has_gpu() else 256)
@@ -185,15 +203,17 @@ def server_env(options: ServeOptions, base_fingerprint: str) -> dict[str, str]:
         env["VLRL_SERVE_AUDIT_LOG"] = str(Path(options.audit_log).resolve())
     if options.watch_token:
         env["VLRL_SERVE_WATCH_TOKEN"] = options.watch_token
-    env.update({
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        "VLRL_SERVE_ROUTES": json.dumps({a.name: a.internal_name for a in options.adapters}),
-        "VLRL_SERVE_BASE_FINGERPRINT": base_fingerprint,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-    })
+    env.update(
+        {
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+            "VLRL_SERVE_ROUTES": json.dumps({a.name: a.internal_name for a in options.adapters}),
+            "VLRL_SERVE_BASE_FINGERPRINT": base_fingerprint,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+    )
     return env
 
 
@@ -235,7 +255,7 @@ class VllmServer:
     def url(self) -> str:
         return self.options.url
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         """Verify the adapters against the base, then launch the server (returns at once)."""
         # The base check first: a mismatch is refused even where vLLM is not installed.
         self.base_fingerprint = verify_adapters(Path(self.options.base), self.options.adapters)
@@ -247,8 +267,13 @@ class VllmServer:
         else:
             out = self.log  # None: inherit the terminal
         self.process = subprocess.Popen(
-            argv, env=server_env(self.options, self.base_fingerprint), stdout=out, stderr=subprocess.STDOUT if out else None,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+            argv,
+            env=server_env(self.options, self.base_fingerprint),
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         return self
 
@@ -297,7 +322,7 @@ class VllmServer:
             self._log_file = None
         return process.returncode
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         self.start()
         try:
             self.wait_ready()

@@ -53,7 +53,9 @@ class ServeClient:
     def _call(self, method: str, path: str, payload: dict | None = None) -> Any:
         data = None if payload is None else json.dumps(payload).encode()
         request = urllib.request.Request(
-            self.url + path, data=data, method=method,
+            self.url + path,
+            data=data,
+            method=method,
             headers={"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"},
         )
         try:
@@ -67,7 +69,9 @@ class ServeClient:
             except ValueError:
                 pass
             if exc.code == 401:
-                raise VlrlError(f"{self.url} refused the API key (401); pass the key the server was started with") from None
+                raise VlrlError(
+                    f"{self.url} refused the API key (401); pass the key the server was started with"
+                ) from None
             if exc.code == 403:  # a known identity whose role does not allow this (the message says which)
                 raise VlrlError(f"{self.url} refused {method} {path}: {detail}") from None
             raise VlrlError(f"{method} {path} failed with {exc.code}: {detail}") from None
@@ -94,7 +98,9 @@ class ServeClient:
 
     def probe(self, internal_name: str) -> None:
         """One 1-token request to a version, so a broken adapter fails before it takes traffic."""
-        self._call("POST", "/v1/completions", {"model": internal_name, "prompt": "ok", "max_tokens": 1, "temperature": 0})
+        self._call(
+            "POST", "/v1/completions", {"model": internal_name, "prompt": "ok", "max_tokens": 1, "temperature": 0}
+        )
 
 
 def _retire_old_versions(client: ServeClient, name: str, keep: set[str]) -> list[str]:
@@ -148,7 +154,9 @@ def rollback_adapter(url: str, api_key: str, name: str) -> SwapResult:
     state = client.state()
     current = state["routes"].get(name)
     if current is None:
-        raise VlrlError(f"the server has no route named {name}; it routes: {', '.join(sorted(state['routes'])) or 'nothing'}")
+        raise VlrlError(
+            f"the server has no route named {name}; it routes: {', '.join(sorted(state['routes'])) or 'nothing'}"
+        )
     earlier = [t for t in state["history"].get(name, []) if t != current]
     if not earlier:
         raise VlrlError(f"{name} has served only {current}; there is nothing to roll back to")
@@ -157,7 +165,9 @@ def rollback_adapter(url: str, api_key: str, name: str) -> SwapResult:
     if loaded:
         paths = state.get("paths", {})
         if target not in paths:
-            raise VlrlError(f"{target} is no longer loaded and its path is unknown; swap to it with its directory instead")
+            raise VlrlError(
+                f"{target} is no longer loaded and its path is unknown; swap to it with its directory instead"
+            )
         client.load(target, paths[target])
     client.probe(target)
     previous = client.route(name, target)

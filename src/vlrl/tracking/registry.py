@@ -59,7 +59,9 @@ def model_name_for(template: str, env: str, base_fingerprint: str) -> str:
     try:
         return template.format(env=env, base=base, fingerprint=base_fingerprint.split(":", 1)[-1])
     except (KeyError, IndexError, ValueError) as exc:
-        raise VlrlError(f"registry.model_name {template!r} is not a valid template ({exc}); use {{env}} and {{base}}") from None
+        raise VlrlError(
+            f"registry.model_name {template!r} is not a valid template ({exc}); use {{env}} and {{base}}"
+        ) from None
 
 
 def read_eval_summaries(eval_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -77,12 +79,16 @@ def read_eval_summaries(eval_dirs: Iterable[str | Path]) -> list[dict[str, Any]]
             except json.JSONDecodeError as exc:
                 raise VlrlError(f"{f} is not valid JSON ({exc.msg})") from None
             if not isinstance(summary.get("model"), dict):
-                raise VlrlError(f"{f} does not say which model it evaluated; re-run `vlrl eval` with this version of vlrl")
+                raise VlrlError(
+                    f"{f} does not say which model it evaluated; re-run `vlrl eval` with this version of vlrl"
+                )
             summaries.append({**summary, "_file": str(f)})
     return summaries
 
 
-def _discordant_from_files(candidate_tags: dict[str, str], baseline_tags: dict[str, str], split: str) -> tuple[int, int] | None:
+def _discordant_from_files(
+    candidate_tags: dict[str, str], baseline_tags: dict[str, str], split: str
+) -> tuple[int, int] | None:
     """(only the candidate solved, only the baseline solved), paired through the two versions' own
     summary files (`eval.<split>.summary_file`) when both still exist and record per-task outcomes."""
     outcomes = []
@@ -92,8 +98,12 @@ def _discordant_from_files(candidate_tags: dict[str, str], baseline_tags: dict[s
             outcomes.append(json.loads(path.read_text())["outcomes"])
         except (OSError, ValueError, KeyError):
             return None
-    pair = pair_outcomes(outcomes[0], outcomes[1], candidate_tags[f"eval.{split}.summary_file"],
-                         baseline_tags[f"eval.{split}.summary_file"])
+    pair = pair_outcomes(
+        outcomes[0],
+        outcomes[1],
+        candidate_tags[f"eval.{split}.summary_file"],
+        baseline_tags[f"eval.{split}.summary_file"],
+    )
     return pair.only_a, pair.only_b
 
 
@@ -113,12 +123,15 @@ class AdapterRegistry:
         self.client = mlflow_client(uri)
 
     @classmethod
-    def from_config(cls, config: RunConfig, uri: str | None = None, *, create: bool = False,
-                    identity_file: str | Path | None = None) -> AdapterRegistry:
+    def from_config(
+        cls, config: RunConfig, uri: str | None = None, *, create: bool = False, identity_file: str | Path | None = None
+    ) -> AdapterRegistry:
         """The registry of `config` (`registry.uri`, else the tracking store), or `uri` when given."""
         from vlrl.tracking.store import normalize_uri
 
-        return cls(normalize_uri(uri) if uri else registry_uri(config), config, create=create, identity_file=identity_file)
+        return cls(
+            normalize_uri(uri) if uri else registry_uri(config), config, create=create, identity_file=identity_file
+        )
 
     # -- who acts ----------------------------------------------------------------------------
     def actor(self) -> Identity | None:
@@ -126,12 +139,16 @@ class AdapterRegistry:
         token_file = self.identity_file or os.environ.get("VLRL_IDENTITY_FILE") or None
         if not self.settings.access_dir:
             if self.identity_file:
-                raise VlrlError("--identity-file was given but registry.access_dir is not set, so no identity can be checked; "
-                                "set registry.access_dir or drop --identity-file")
+                raise VlrlError(
+                    "--identity-file was given but registry.access_dir is not set, so no identity can be checked; "
+                    "set registry.access_dir or drop --identity-file"
+                )
             return None
         if token_file is None:
-            raise VlrlError(f"registry.access_dir is set ({self.settings.access_dir}): say who acts with --identity-file PATH "
-                            "or VLRL_IDENTITY_FILE (the file holding your token)")
+            raise VlrlError(
+                f"registry.access_dir is set ({self.settings.access_dir}): say who acts with --identity-file PATH "
+                "or VLRL_IDENTITY_FILE (the file holding your token)"
+            )
         return identity_from_file(self.settings.access_dir, token_file)
 
     def _authorize(self, needed: str, action: str, entry: dict[str, Any]) -> Identity | None:
@@ -154,7 +171,14 @@ class AdapterRegistry:
 
     def _audit(self, entry: dict[str, Any], actor: Identity | None = None) -> dict[str, Any]:
         acting = {"identity": actor.name, "role": actor.role} if actor else {}
-        record = {"time": now_iso(), **who(), **acting, "registry": self.uri, "command": " ".join(sys.argv[1:]) or None, **entry}
+        record = {
+            "time": now_iso(),
+            **who(),
+            **acting,
+            "registry": self.uri,
+            "command": " ".join(sys.argv[1:]) or None,
+            **entry,
+        }
         path = self.audit_path
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as f:
@@ -179,7 +203,9 @@ class AdapterRegistry:
             return self.client.get_registered_model(name)
         except MlflowException:
             known = [m["name"] for m in self.list_models()]
-            raise VlrlError(f"no registered model '{name}'; known: {', '.join(known) or 'none (register an adapter first)'}") from None
+            raise VlrlError(
+                f"no registered model '{name}'; known: {', '.join(known) or 'none (register an adapter first)'}"
+            ) from None
 
     def _version(self, name: str, version: str | int):
         """A version by number ('3', 'v3') or by alias ('@production', 'production')."""
@@ -199,15 +225,24 @@ class AdapterRegistry:
             return self.client.get_model_version(name, text)
         except MlflowException:
             known = sorted(int(v.version) for v in self.client.search_model_versions(f"name='{name}'"))
-            raise VlrlError(f"model '{name}' has no version {text}; versions: {', '.join(map(str, known)) or 'none'}") from None
+            raise VlrlError(
+                f"model '{name}' has no version {text}; versions: {', '.join(map(str, known)) or 'none'}"
+            ) from None
 
     def list_models(self) -> list[dict[str, Any]]:
         """Registered models with their base, stage aliases and number of versions."""
         with mlflow_errors(f"reading the registry {self.uri}"):
             models = self.client.search_registered_models(max_results=1000)
-            return [{"name": m.name, "base_fingerprint": m.tags.get("base_fingerprint"), "env": m.tags.get("env"),
-                     "aliases": dict(m.aliases), "versions": len(self.client.search_model_versions(f"name='{m.name}'"))}
-                    for m in models]
+            return [
+                {
+                    "name": m.name,
+                    "base_fingerprint": m.tags.get("base_fingerprint"),
+                    "env": m.tags.get("env"),
+                    "aliases": dict(m.aliases),
+                    "versions": len(self.client.search_model_versions(f"name='{m.name}'")),
+                }
+                for m in models
+            ]
 
     def versions(self, name: str) -> list[dict[str, Any]]:
         """Every version of a model, newest first: stage, adapter, holdout/adversarial success."""
@@ -217,8 +252,15 @@ class AdapterRegistry:
             rows = []
             for v in sorted(self.client.search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version)):
                 evals = self._evals(v.tags)
-                rows.append({"version": int(v.version), "stage": stage_of.get(int(v.version), "-"), "source": v.source,
-                             "created": v.creation_timestamp, **{s: evals[s].describe() if s in evals else "-" for s in SPLITS}})
+                rows.append(
+                    {
+                        "version": int(v.version),
+                        "stage": stage_of.get(int(v.version), "-"),
+                        "source": v.source,
+                        "created": v.creation_timestamp,
+                        **{s: evals[s].describe() if s in evals else "-" for s in SPLITS},
+                    }
+                )
             return rows
 
     def show(self, name: str, version: str | int | None = None) -> dict[str, Any]:
@@ -227,13 +269,22 @@ class AdapterRegistry:
             model = self._model(name)
             if version is None:
                 version = model.aliases.get("production") or max(
-                    (int(v.version) for v in self.client.search_model_versions(f"name='{name}'")), default=None)
+                    (int(v.version) for v in self.client.search_model_versions(f"name='{name}'")), default=None
+                )
                 if version is None:
                     raise VlrlError(f"model '{name}' has no versions")
             v = self._version(name, version)
             stages = [a for a, n in model.aliases.items() if str(n) == str(v.version)]
-            return {"name": name, "version": int(v.version), "stages": stages, "source": v.source, "run_id": v.run_id,
-                    "tags": dict(v.tags), "files": self._files_state(v), "model_tags": dict(model.tags)}
+            return {
+                "name": name,
+                "version": int(v.version),
+                "stages": stages,
+                "source": v.source,
+                "run_id": v.run_id,
+                "tags": dict(v.tags),
+                "files": self._files_state(v),
+                "model_tags": dict(model.tags),
+            }
 
     @staticmethod
     def _files_state(v) -> str:
@@ -250,13 +301,26 @@ class AdapterRegistry:
         out = {}
         for split in SPLITS:
             if f"eval.{split}.successes" in tags:
-                out[split] = EvalRecord.from_json({"split": split, **{k: tags[f"eval.{split}.{k}"]
-                                                   for k in ("successes", "n", "decoding", "split_version", "tasks_hash")}})
+                out[split] = EvalRecord.from_json(
+                    {
+                        "split": split,
+                        **{
+                            k: tags[f"eval.{split}.{k}"]
+                            for k in ("successes", "n", "decoding", "split_version", "tasks_hash")
+                        },
+                    }
+                )
         return out
 
     # -- register ----------------------------------------------------------------------------
-    def register(self, adapter_dir: str | Path, eval_dirs: Iterable[str | Path] = (), *, name: str | None = None,
-                 reason: str | None = None) -> dict[str, Any]:
+    def register(
+        self,
+        adapter_dir: str | Path,
+        eval_dirs: Iterable[str | Path] = (),
+        *,
+        name: str | None = None,
+        reason: str | None = None,
+    ) -> dict[str, Any]:
         """Register an adapter (with its lineage and evaluations) as the model's `candidate`.
 
         Registering an adapter that is already a version of the model (same fingerprint) updates
@@ -266,8 +330,10 @@ class AdapterRegistry:
         info = adapter_info(adapter_dir)
         lineage = read_adapter_lineage(adapter_dir)
         if lineage is None:
-            raise VlrlError(f"adapter {adapter_dir} has no vlrl_lineage.json, so it cannot be traced; register adapters "
-                            "saved by a tracked run (tracking.write_adapter_lineage)")
+            raise VlrlError(
+                f"adapter {adapter_dir} has no vlrl_lineage.json, so it cannot be traced; register adapters "
+                "saved by a tracked run (tracking.write_adapter_lineage)"
+            )
         base_fp = info["base_fingerprint"]
         env = lineage.get("data", {}).get("env", "env")
         name = name or model_name_for(self.settings.model_name, env, base_fp)
@@ -283,14 +349,26 @@ class AdapterRegistry:
             except MlflowException:
                 model = None
             if model is not None and model.tags.get("base_fingerprint") != base_fp:
-                raise VlrlError(f"registered model '{name}' is for base model {model.tags.get('base_fingerprint')}, but adapter "
-                                f"{adapter_dir} was trained on {base_fp}; adapters of another base go to another model")
-            existing = [v for v in (self.client.search_model_versions(f"name='{name}'") if model else [])
-                        if v.tags.get("adapter_fingerprint") == info["fingerprint"]]
+                raise VlrlError(
+                    f"registered model '{name}' is for base model {model.tags.get('base_fingerprint')}, but adapter "
+                    f"{adapter_dir} was trained on {base_fp}; adapters of another base go to another model"
+                )
+            existing = [
+                v
+                for v in (self.client.search_model_versions(f"name='{name}'") if model else [])
+                if v.tags.get("adapter_fingerprint") == info["fingerprint"]
+            ]
             if model is None:
-                self.client.create_registered_model(name, tags={
-                    "env": env, "base_fingerprint": base_fp, "base_model": lineage.get("model", {}).get("path", ""),
-                    "production_history": "[]"}, description=f"LoRA adapters for {env} on base model {base_fp}")
+                self.client.create_registered_model(
+                    name,
+                    tags={
+                        "env": env,
+                        "base_fingerprint": base_fp,
+                        "base_model": lineage.get("model", {}).get("path", ""),
+                        "production_history": "[]",
+                    },
+                    description=f"LoRA adapters for {env} on base model {base_fp}",
+                )
             if existing:
                 # The same weights (possibly saved by another run, e.g. a GRPO run that changed nothing):
                 # the version keeps the lineage it was registered with; only evaluations are updated.
@@ -309,17 +387,35 @@ class AdapterRegistry:
                         self.client.get_run(run_id)
                     except MlflowException:
                         run_id = None  # the run lives in another tracking store; the tag keeps its id
-                v = self.client.create_model_version(name, source=info["path"], run_id=run_id, tags=tags,
-                                                     description=f"adapter {info['path']}")
+                v = self.client.create_model_version(
+                    name, source=info["path"], run_id=run_id, tags=tags, description=f"adapter {info['path']}"
+                )
                 version = v.version
                 self.client.set_registered_model_alias(name, "candidate", version)
                 action = "register"
         evals = self._evals(tags)
         source = existing[0].source if existing else info["path"]
-        entry = self._audit({"action": action, "model": name, "version": int(version), "adapter": info["path"], "source": source,
-                             "adapter_fingerprint": info["fingerprint"], "reason": reason,
-                             "evals": {s: e.to_json() for s, e in evals.items()}}, actor)
-        return {"name": name, "version": int(version), "action": action, "evals": evals, "source": source, "audit": entry}
+        entry = self._audit(
+            {
+                "action": action,
+                "model": name,
+                "version": int(version),
+                "adapter": info["path"],
+                "source": source,
+                "adapter_fingerprint": info["fingerprint"],
+                "reason": reason,
+                "evals": {s: e.to_json() for s, e in evals.items()},
+            },
+            actor,
+        )
+        return {
+            "name": name,
+            "version": int(version),
+            "action": action,
+            "evals": evals,
+            "source": source,
+            "audit": entry,
+        }
 
     @staticmethod
     def _version_tags(info: dict[str, Any], lineage: dict[str, Any]) -> dict[str, str]:
@@ -349,8 +445,13 @@ class AdapterRegistry:
         tags: dict[str, str] = {}
         want = self.settings.decoding
         for split in SPLITS:
-            mine = [s for s in summaries if s.get("split") == split and decoding_kind(s.get("decoding", "")) == want
-                    and s["model"].get("adapter_fingerprint") == info["fingerprint"]]
+            mine = [
+                s
+                for s in summaries
+                if s.get("split") == split
+                and decoding_kind(s.get("decoding", "")) == want
+                and s["model"].get("adapter_fingerprint") == info["fingerprint"]
+            ]
             if not mine:
                 continue
             own = max(mine, key=lambda s: (s.get("n", 0), s.get("evaluated_at", "")))  # the largest, then newest
@@ -359,8 +460,11 @@ class AdapterRegistry:
             record = EvalRecord.from_summary(own)
             peers = {}
             for s in summaries:
-                if (s.get("split") != split or s["model"].get("base_fingerprint") != info["base_fingerprint"]
-                        or s["model"].get("adapter_fingerprint") == info["fingerprint"]):
+                if (
+                    s.get("split") != split
+                    or s["model"].get("base_fingerprint") != info["base_fingerprint"]
+                    or s["model"].get("adapter_fingerprint") == info["fingerprint"]
+                ):
                     continue
                 other = EvalRecord.from_summary(s)
                 if other.same_tasks(record):
@@ -383,9 +487,15 @@ class AdapterRegistry:
         if prod_version is not None and str(prod_version) != str(candidate.version):
             prod = self.client.get_model_version(name, str(prod_version))
             if prod.tags.get("base_fingerprint") != candidate.tags.get("base_fingerprint"):
-                raise VlrlError(f"production v{prod.version} of '{name}' has base {prod.tags.get('base_fingerprint')}, "
-                                f"v{candidate.version} has {candidate.tags.get('base_fingerprint')}; they cannot be compared")
-            label, key, own = f"production v{prod.version}", prod.tags.get("adapter_fingerprint"), self._evals(prod.tags)
+                raise VlrlError(
+                    f"production v{prod.version} of '{name}' has base {prod.tags.get('base_fingerprint')}, "
+                    f"v{candidate.version} has {candidate.tags.get('base_fingerprint')}; they cannot be compared"
+                )
+            label, key, own = (
+                f"production v{prod.version}",
+                prod.tags.get("adapter_fingerprint"),
+                self._evals(prod.tags),
+            )
             own_tags = dict(prod.tags)
         else:
             label, key, own, own_tags = "base model", BASE_PEER, {}, {}
@@ -394,11 +504,20 @@ class AdapterRegistry:
             peers = json.loads(candidate.tags.get(f"eval.{split}.peers", "{}"))
             if key in peers:  # evaluated in the same run as the candidate: the same tasks by construction
                 successes, n, *pair = peers[key]
-                baseline[split] = EvalRecord(split, int(successes), int(n), record.decoding, record.split_version, record.tasks_hash,
-                                             (int(pair[0]), int(pair[1])) if pair else None)
+                baseline[split] = EvalRecord(
+                    split,
+                    int(successes),
+                    int(n),
+                    record.decoding,
+                    record.split_version,
+                    record.tasks_hash,
+                    (int(pair[0]), int(pair[1])) if pair else None,
+                )
             elif split in own:
                 same = own[split].same_tasks(record)  # otherwise the gate refuses: evaluated on different tasks
-                baseline[split] = replace(own[split], discordant=_discordant_from_files(candidate.tags, own_tags, split) if same else None)
+                baseline[split] = replace(
+                    own[split], discordant=_discordant_from_files(candidate.tags, own_tags, split) if same else None
+                )
         return label, baseline
 
     def promote(self, name: str, version: str | int, to: str | None = None, reason: str | None = None) -> GateDecision:
@@ -423,45 +542,90 @@ class AdapterRegistry:
             if to == "production" and "staging" not in stages:
                 raise VlrlError(f"{name} v{v.version} is not in staging; promote it to staging first")
             if to == "production" and self.settings.two_person_rule:
-                self._check_two_persons(name, v, actor, {**attempt, "version": int(v.version), "to": to, "from": stages})
+                self._check_two_persons(
+                    name, v, actor, {**attempt, "version": int(v.version), "to": to, "from": stages}
+                )
             if v.tags.get("base_fingerprint") != model.tags.get("base_fingerprint"):
-                raise VlrlError(f"{name} v{v.version} was trained on base model {v.tags.get('base_fingerprint')}, but '{name}' "
-                                f"is for {model.tags.get('base_fingerprint')}; it cannot be promoted here")
+                raise VlrlError(
+                    f"{name} v{v.version} was trained on base model {v.tags.get('base_fingerprint')}, but '{name}' "
+                    f"is for {model.tags.get('base_fingerprint')}; it cannot be promoted here"
+                )
             files = self._files_state(v)
             if files != "unchanged":
-                raise VlrlError(f"the adapter of {name} v{v.version} at {v.source} is {files} since registration; register it again")
+                raise VlrlError(
+                    f"the adapter of {name} v{v.version} at {v.source} is {files} since registration; register it again"
+                )
             baseline_label, baseline = self._baseline(name, model, v)
-            decision = promotion_gate(self._evals(v.tags), baseline, candidate_label=f"v{v.version}",
-                                      baseline_label=baseline_label, holdout_margin=self.settings.holdout_margin,
-                                      max_adversarial_drop=self.settings.max_adversarial_drop,
-                                      max_p_value=self.settings.max_p_value)
+            decision = promotion_gate(
+                self._evals(v.tags),
+                baseline,
+                candidate_label=f"v{v.version}",
+                baseline_label=baseline_label,
+                holdout_margin=self.settings.holdout_margin,
+                max_adversarial_drop=self.settings.max_adversarial_drop,
+                max_p_value=self.settings.max_p_value,
+            )
         previous = model.aliases.get(to)
-        entry = self._audit({"action": "promote", "model": name, "version": int(v.version), "from": stages or ["-"], "to": to,
-                             "decision": "passed" if decision.passed else "refused", "why": decision.reasons(),
-                             "reason": reason, "replaces": previous, "gate": decision.to_json(),
-                             "settings": {"holdout_margin": self.settings.holdout_margin, "max_p_value": self.settings.max_p_value,
-                                          "max_adversarial_drop": self.settings.max_adversarial_drop,
-                                          "decoding": self.settings.decoding,
-                                          "two_person_rule": self.settings.two_person_rule}}, actor)
+        entry = self._audit(
+            {
+                "action": "promote",
+                "model": name,
+                "version": int(v.version),
+                "from": stages or ["-"],
+                "to": to,
+                "decision": "passed" if decision.passed else "refused",
+                "why": decision.reasons(),
+                "reason": reason,
+                "replaces": previous,
+                "gate": decision.to_json(),
+                "settings": {
+                    "holdout_margin": self.settings.holdout_margin,
+                    "max_p_value": self.settings.max_p_value,
+                    "max_adversarial_drop": self.settings.max_adversarial_drop,
+                    "decoding": self.settings.decoding,
+                    "two_person_rule": self.settings.two_person_rule,
+                },
+            },
+            actor,
+        )
         with mlflow_errors(what):
-            self.client.set_model_version_tag(name, v.version, f"gate.{to}", json.dumps({
-                "time": entry["time"], "by": _by(entry), "decision": entry["decision"],
-                "why": entry["why"], "reason": reason}))
+            self.client.set_model_version_tag(
+                name,
+                v.version,
+                f"gate.{to}",
+                json.dumps(
+                    {
+                        "time": entry["time"],
+                        "by": _by(entry),
+                        "decision": entry["decision"],
+                        "why": entry["why"],
+                        "reason": reason,
+                    }
+                ),
+            )
             if decision.passed:
                 self.client.set_registered_model_alias(name, to, v.version)
-                if to == "staging" and model.aliases.get("candidate") is not None and str(model.aliases["candidate"]) == str(v.version):
+                if (
+                    to == "staging"
+                    and model.aliases.get("candidate") is not None
+                    and str(model.aliases["candidate"]) == str(v.version)
+                ):
                     self.client.delete_registered_model_alias(name, "candidate")
                 if to == "production":
                     self.client.delete_registered_model_alias(name, "staging")
                     history = json.loads(model.tags.get("production_history", "[]"))
-                    self.client.set_registered_model_tag(name, "production_history", json.dumps(history + [int(v.version)]))
+                    self.client.set_registered_model_tag(
+                        name, "production_history", json.dumps(history + [int(v.version)])
+                    )
         return decision
 
     # -- rollback ----------------------------------------------------------------------------
     def rollback(self, name: str, reason: str | None = None) -> dict[str, Any]:
         """Point `production` back at the previous production version; returns {from, to}."""
         what = f"rolling back {name}"
-        actor = self._authorize("approver", "roll back", {"action": "rollback", "model": name, "to": "production", "reason": reason})
+        actor = self._authorize(
+            "approver", "roll back", {"action": "rollback", "model": name, "to": "production", "reason": reason}
+        )
         with mlflow_errors(what):
             model = self._model(name)
             current = model.aliases.get("production")
@@ -476,27 +640,51 @@ class AdapterRegistry:
                 raise VlrlError(f"{name} v{target.version} has another base model; refusing to roll back to it")
             files = self._files_state(target)
             if files != "unchanged":
-                raise VlrlError(f"the adapter of {name} v{target.version} at {target.source} is {files}; cannot roll back to it")
-        entry = self._audit({"action": "rollback", "model": name, "version": int(target.version), "from": int(current),
-                             "to": "production", "decision": "rolled back", "reason": reason,
-                             "why": f"production v{current} -> v{target.version}"}, actor)
+                raise VlrlError(
+                    f"the adapter of {name} v{target.version} at {target.source} is {files}; cannot roll back to it"
+                )
+        entry = self._audit(
+            {
+                "action": "rollback",
+                "model": name,
+                "version": int(target.version),
+                "from": int(current),
+                "to": "production",
+                "decision": "rolled back",
+                "reason": reason,
+                "why": f"production v{current} -> v{target.version}",
+            },
+            actor,
+        )
         with mlflow_errors(what):
             self.client.set_registered_model_alias(name, "production", target.version)
             # history without the rolled-back version's last entry, so a second rollback goes further back
-            trimmed = history[: len(history) - 1 - history[::-1].index(int(current))] if int(current) in history else history
+            trimmed = (
+                history[: len(history) - 1 - history[::-1].index(int(current))] if int(current) in history else history
+            )
             self.client.set_registered_model_tag(name, "production_history", json.dumps(trimmed))
-            self.client.set_model_version_tag(name, str(current), "rolled_back", json.dumps({
-                "time": entry["time"], "by": _by(entry), "to": int(target.version), "reason": reason}))
+            self.client.set_model_version_tag(
+                name,
+                str(current),
+                "rolled_back",
+                json.dumps({"time": entry["time"], "by": _by(entry), "to": int(target.version), "reason": reason}),
+            )
         return {"name": name, "from": int(current), "to": int(target.version), "audit": entry}
 
     def _check_two_persons(self, name: str, v, actor: Identity | None, attempt: dict[str, Any]) -> None:
         """Refuse (audited, nothing else changed) a promotion to production by the version's registrant."""
         registrant = v.tags.get("registered_identity")
         if registrant is None:
-            why = (f"two-person rule: {name} v{v.version} was registered without an identity, so nobody can tell "
-                   "who registered it; register its adapter again (that records the identity), then let another approver promote it")
+            why = (
+                f"two-person rule: {name} v{v.version} was registered without an identity, so nobody can tell "
+                "who registered it; register its adapter again (that records the identity), then let another "
+                "approver promote it"
+            )
         elif actor is not None and registrant == actor.name:
-            why = f"two-person rule: {actor.name} registered {name} v{v.version}, so another approver must promote it to production"
+            why = (
+                f"two-person rule: {actor.name} registered {name} v{v.version}, so another approver must promote it "
+                "to production"
+            )
         else:
             return
         self._audit({**attempt, "decision": "refused", "why": why, "registered_identity": registrant}, actor)

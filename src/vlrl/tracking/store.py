@@ -96,7 +96,8 @@ def check_sqlite(uri: str, *, must_exist: bool, lock_timeout_s: float = 5.0, wha
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise VlrlError(
-                f"{what} {path} is locked by another process (waited {lock_timeout_s:g}s); nothing was changed, try again"
+                f"{what} {path} is locked by another process (waited {lock_timeout_s:g}s); nothing was changed, "
+                "try again"
             ) from None
         raise VlrlError(f"{what} {path} cannot be used ({exc})") from None
     except sqlite3.DatabaseError as exc:

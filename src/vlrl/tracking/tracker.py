@@ -14,7 +14,8 @@ adapter's vlrl_lineage.json); with `tracking.enabled=false` every MLflow call is
 
 MLflow contents: params = the resolved config flattened to dotted keys (lists as JSON, values cut
 to MLflow's 6000 characters), tags = the lineage's identity (commit, dirty, base fingerprint,
-config hash, image, split versions; `vlrl.guard.<check>` for a stability guard's latest event), metrics = every numeric value of each step record and each
+config hash, image, split versions; `vlrl.guard.<check>` for a stability guard's latest event), metrics = every numeric
+value of each step record and each
 evaluation summary (names sanitized to MLflow's alphabet; NaN/inf skipped), artifacts =
 lineage.json at start and end, and at the end config.yaml, metrics.jsonl, evals.json, code.diff
 and the adapter (`tracking.log_artifacts`).
@@ -144,11 +145,15 @@ class RunTracker:
         with mlflow_errors(what):
             experiment = self.client.get_experiment_by_name(self.experiment)
             if experiment is None:
-                experiment_id = self.client.create_experiment(self.experiment, artifact_location=default_artifact_location(self.uri))
+                experiment_id = self.client.create_experiment(
+                    self.experiment, artifact_location=default_artifact_location(self.uri)
+                )
             else:
                 experiment_id = experiment.experiment_id
             previous = lineage.get("tracking", {})
-            resumed = previous.get("uri") == self.uri and previous.get("run_id") and self._run_exists(previous["run_id"])
+            resumed = (
+                previous.get("uri") == self.uri and previous.get("run_id") and self._run_exists(previous["run_id"])
+            )
             if resumed:
                 self.run_id = previous["run_id"]
                 self.client.update_run(self.run_id, status="RUNNING")
@@ -156,8 +161,12 @@ class RunTracker:
                 run = self.client.create_run(experiment_id, run_name=self.run_dir.name, tags=lineage_tags(lineage))
                 self.run_id = run.info.run_id
                 self._log_params(flatten_params(config.model_dump(mode="json")))
-        lineage["tracking"] = {"uri": self.uri, "experiment": self.experiment, "experiment_id": experiment_id,
-                               "run_id": self.run_id}
+        lineage["tracking"] = {
+            "uri": self.uri,
+            "experiment": self.experiment,
+            "experiment_id": experiment_id,
+            "run_id": self.run_id,
+        }
         write_lineage(self.run_dir, lineage)
         with mlflow_errors(what):
             self.client.log_dict(self.run_id, lineage, "lineage/lineage-start.json")
@@ -243,7 +252,10 @@ class RunTracker:
 
     # -- end -------------------------------------------------------------------------------
     def end(
-        self, status: str = "FINISHED", adapter_dir: str | Path | None = None, lineage: dict[str, Any] | None = None,
+        self,
+        status: str = "FINISHED",
+        adapter_dir: str | Path | None = None,
+        lineage: dict[str, Any] | None = None,
         evaluations: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Complete the lineage (checkpoints, evaluations, adapter), write it to the run and the
@@ -259,8 +271,9 @@ class RunTracker:
         if self.ended:
             return self.lineage or {}
         self.ended = True
-        done = finish_lineage(lineage or self.lineage or {}, self.run_dir, status=status, adapter_dir=adapter_dir,
-                              evaluations=evaluations)
+        done = finish_lineage(
+            lineage or self.lineage or {}, self.run_dir, status=status, adapter_dir=adapter_dir, evaluations=evaluations
+        )
         self.lineage = done
         if not self.enabled or self.run_id is None:
             return done

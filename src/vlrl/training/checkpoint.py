@@ -46,9 +46,10 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import yaml
@@ -232,10 +233,12 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: s
     if refused:
         shown = [f"{k} {v[0]!r} -> {v[1]!r}" for k, v in list(refused.items())[:6]]
         more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
+        safe_keys = RESUME_SAFE_KEYS + _env_resume_safe_keys(current.get("env", {}).get("name"))
         raise VlrlError(
-            f"cannot resume {where}: {', '.join(shown)}{more} differ from the checkpoint's config and would change the run; "
+            f"cannot resume {where}: {', '.join(shown)}{more} differ from the checkpoint's config and would "
+            "change the run; "
             f"resume with the checkpoint's values, or start a new run (another storage.run_name). "
-            f"A resume may change only: {', '.join(RESUME_SAFE_KEYS + _env_resume_safe_keys(current.get('env', {}).get('name')))}"
+            f"A resume may change only: {', '.join(safe_keys)}"
         )
     return allowed
 
@@ -298,7 +301,9 @@ def read_checkpoint(path: str) -> Checkpoint:
     fs = _filesystem(path)
     trainer = json.loads(fs.cat_file(join(path, TRAINER)))
     config = yaml.safe_load(fs.cat_file(join(path, CONFIG)))
-    rng = [json.loads(fs.cat_file(join(path, "rng", f"rank-{r}.json"))) for r in range(int(trainer.get("world_size", 1)))]
+    rng = [
+        json.loads(fs.cat_file(join(path, "rng", f"rank-{r}.json"))) for r in range(int(trainer.get("world_size", 1)))
+    ]
     adapter = load_safetensors(fs.cat_file(join(path, ADAPTER)))
     return Checkpoint(path, int(trainer["step"]), adapter, rng, trainer, config)
 
@@ -343,8 +348,16 @@ class CheckpointStore:
         return None
 
     # -- writing -----------------------------------------------------------------------------
-    def save(self, step: int, *, adapter: dict[str, torch.Tensor], write_optimizer: Callable[[str], None],
-             rng_states: list[dict[str, Any]], trainer: dict[str, Any], config_yaml: str) -> str:
+    def save(
+        self,
+        step: int,
+        *,
+        adapter: dict[str, torch.Tensor],
+        write_optimizer: Callable[[str], None],
+        rng_states: list[dict[str, Any]],
+        trainer: dict[str, Any],
+        config_yaml: str,
+    ) -> str:
         """Write checkpoint `step` (see the module docstring) and return its path.
 
         `write_optimizer(directory)` writes the DCP optimizer state (on a worker group every
@@ -362,7 +375,9 @@ class CheckpointStore:
         fs.makedirs(join(tmp, "rng"), exist_ok=True)
         for rank, state in enumerate(rng_states):
             _write_bytes(fs, join(tmp, "rng", f"rank-{rank}.json"), json.dumps(state).encode())
-        _write_bytes(fs, join(tmp, TRAINER), json.dumps({**trainer, "step": step, "world_size": len(rng_states)}).encode())
+        _write_bytes(
+            fs, join(tmp, TRAINER), json.dumps({**trainer, "step": step, "world_size": len(rng_states)}).encode()
+        )
         _write_bytes(fs, join(tmp, CONFIG), config_yaml.encode())
         manifest = self._manifest(tmp, step, len(rng_states))
         _write_bytes(fs, join(tmp, MANIFEST), json.dumps(manifest, indent=1).encode())
@@ -394,7 +409,8 @@ class CheckpointStore:
         for name in REQUIRED:
             if name not in files:
                 raise VlrlError(
-                    f"checkpoint step {step}: {name} was not written to {directory} (or is not visible from the driver); "
+                    f"checkpoint step {step}: {name} was not written to {directory} (or is not visible from the "
+                    "driver); "
                     "storage.root must be storage every node shares"
                 )
         self._check_optimizer_shards(join(directory, OPTIMIZER), files)
@@ -429,7 +445,9 @@ class CheckpointStore:
                 continue
             path = join(self.root, name)
             if match.group(1) != self.writer:
-                times = [_mtime(info) for info in self.fs.find(path, detail=True).values()] or [_mtime(self.fs.info(path))]
+                times = [_mtime(info) for info in self.fs.find(path, detail=True).values()] or [
+                    _mtime(self.fs.info(path))
+                ]
                 if any(t is None for t in times) or now - max(times) < self.stale_after_s:
                     continue  # maybe another process still writing it: leave it alone
             log.info("removing the unfinished checkpoint write %s", path)

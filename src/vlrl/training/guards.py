@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from vlrl.config import GuardsConfig
 from vlrl.errors import VlrlError
@@ -77,6 +78,7 @@ def is_guard_record(record: dict[str, Any]) -> bool:
 
 # -- the checks (pure) ---------------------------------------------------------------------------
 
+
 def check_nonfinite(values: dict[str, Any]) -> tuple[str, dict[str, float]] | None:
     """NaN or infinite reward, loss, gradient norm, KL or entropy."""
     bad = {k: float(values[k]) for k in NONFINITE_KEYS if k in values and not math.isfinite(float(values[k]))}
@@ -101,32 +103,46 @@ def check_below(values: dict[str, Any], key: str, bound: float) -> tuple[str, di
     return f"{key}={_fmt(value)} < {_fmt(bound)}", {key: float(value)}
 
 
-def check_grad_spike(values: dict[str, Any], history: list[dict[str, Any]], factor: float, window: int,
-                     min_steps: int) -> tuple[str, dict[str, float]] | None:
+def check_grad_spike(
+    values: dict[str, Any], history: list[dict[str, Any]], factor: float, window: int, min_steps: int
+) -> tuple[str, dict[str, float]] | None:
     """train/grad_norm above `factor` x the median of the last `window` finite norms of steps
     without guard events (at least `min_steps` of them, and a median above zero)."""
     value = values.get("train/grad_norm")
     if value is None or not math.isfinite(value):
         return None
-    past = [float(r["train/grad_norm"]) for r in history
-            if "train/grad_norm" in r and math.isfinite(float(r["train/grad_norm"])) and not is_guard_record(r)][-window:]
+    past = [
+        float(r["train/grad_norm"])
+        for r in history
+        if "train/grad_norm" in r and math.isfinite(float(r["train/grad_norm"])) and not is_guard_record(r)
+    ][-window:]
     if len(past) < min_steps:
         return None
     median = statistics.median(past)
     if median <= 0 or value <= factor * median:
         return None
-    return (f"train/grad_norm={_fmt(value)} > {_fmt(factor)} x median {_fmt(median)} of the last {len(past)} steps",
-            {"train/grad_norm": float(value), "median": median})
+    return (
+        f"train/grad_norm={_fmt(value)} > {_fmt(factor)} x median {_fmt(median)} of the last {len(past)} steps",
+        {"train/grad_norm": float(value), "median": median},
+    )
 
 
 def _mean_reward(history: list[dict[str, Any]], up_to_step: int, window: int) -> float | None:
-    rewards = [float(r["reward/mean"]) for r in history
-               if r.get("step", 0) <= up_to_step and "reward/mean" in r and math.isfinite(float(r["reward/mean"]))][-window:]
+    rewards = [
+        float(r["reward/mean"])
+        for r in history
+        if r.get("step", 0) <= up_to_step and "reward/mean" in r and math.isfinite(float(r["reward/mean"]))
+    ][-window:]
     return sum(rewards) / len(rewards) if rewards else None
 
 
-def check_reward_hacking(history: list[dict[str, Any]], evals: list[dict[str, Any]], min_success_drop: float,
-                         min_reward_gain: float, reward_window: int) -> tuple[str, dict[str, float]] | None:
+def check_reward_hacking(
+    history: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    min_success_drop: float,
+    min_reward_gain: float,
+    reward_window: int,
+) -> tuple[str, dict[str, float]] | None:
     """Holdout success (the latest evaluation) at least `min_success_drop` below the best earlier
     one while the mean train reward of the last `reward_window` steps rose more than
     `min_reward_gain` above its mean at that best evaluation. `history` ends with the latest step."""
@@ -137,25 +153,39 @@ def check_reward_hacking(history: list[dict[str, Any]], evals: list[dict[str, An
     drop = best["success_rate"] - now["success_rate"]
     reward_then = _mean_reward(history, best["step"], reward_window)
     reward_now = _mean_reward(history, now["step"], reward_window)
-    if drop < min_success_drop or reward_then is None or reward_now is None or reward_now - reward_then <= min_reward_gain:
+    if (
+        drop < min_success_drop
+        or reward_then is None
+        or reward_now is None
+        or reward_now - reward_then <= min_reward_gain
+    ):
         return None
-    message = (f"holdout success {now['success_rate']:.1%} at step {now['step']} < best {best['success_rate']:.1%} at step "
-               f"{best['step']} while train reward rose {_fmt(reward_then)} -> {_fmt(reward_now)}")
-    return message, {"eval/success_rate": now["success_rate"], "best_success_rate": best["success_rate"],
-                     "reward_then": reward_then, "reward_now": reward_now}
+    message = (
+        f"holdout success {now['success_rate']:.1%} at step {now['step']} < best {best['success_rate']:.1%} at step "
+        f"{best['step']} while train reward rose {_fmt(reward_then)} -> {_fmt(reward_now)}"
+    )
+    return message, {
+        "eval/success_rate": now["success_rate"],
+        "best_success_rate": best["success_rate"],
+        "reward_then": reward_then,
+        "reward_now": reward_now,
+    }
 
 
 # -- running them ------------------------------------------------------------------------------
 
-def update_phase_events(config: GuardsConfig, step: int, values: dict[str, Any],
-                        history: list[dict[str, Any]]) -> list[GuardEvent]:
+
+def update_phase_events(
+    config: GuardsConfig, step: int, values: dict[str, Any], history: list[dict[str, Any]]
+) -> list[GuardEvent]:
     """The update-phase checks that are on and fire for this step's values."""
     results = {
         "nonfinite": lambda: check_nonfinite(values),
         "kl_max": lambda: check_above(values, "train/kl", config.kl_max.bound),
         "entropy_min": lambda: check_below(values, "train/entropy", config.entropy_min.bound),
-        "grad_spike": lambda: check_grad_spike(values, history, config.grad_spike.factor, config.grad_spike.window,
-                                               config.grad_spike.min_steps),
+        "grad_spike": lambda: check_grad_spike(
+            values, history, config.grad_spike.factor, config.grad_spike.window, config.grad_spike.min_steps
+        ),
     }
     events = []
     for name in UPDATE_CHECKS:
@@ -167,8 +197,9 @@ def update_phase_events(config: GuardsConfig, step: int, values: dict[str, Any],
     return events
 
 
-def eval_phase_events(config: GuardsConfig, step: int, history: list[dict[str, Any]],
-                      evals: list[dict[str, Any]]) -> list[GuardEvent]:
+def eval_phase_events(
+    config: GuardsConfig, step: int, history: list[dict[str, Any]], evals: list[dict[str, Any]]
+) -> list[GuardEvent]:
     """The reward-hacking check after a periodic evaluation (`history` ends with this step)."""
     g = config.reward_hacking
     if not g.enabled:
@@ -184,8 +215,10 @@ def wants_snapshot(config: GuardsConfig) -> bool:
 
 def wants_rollback(config: GuardsConfig) -> bool:
     """True when a check may roll back: a fresh run then checkpoints step 0, so there is always one."""
-    return any(getattr(config, name).enabled and getattr(config, name).action == "rollback"
-               for name in (*UPDATE_CHECKS, "reward_hacking"))
+    return any(
+        getattr(config, name).enabled and getattr(config, name).action == "rollback"
+        for name in (*UPDATE_CHECKS, "reward_hacking")
+    )
 
 
 def withholds_nonfinite(config: GuardsConfig) -> bool:
@@ -204,5 +237,5 @@ class GuardState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "GuardState":
+    def from_dict(cls, data: dict[str, Any] | None) -> GuardState:
         return cls(**(data or {}))

@@ -33,7 +33,12 @@ from typing import Any
 import torch
 
 from vlrl.algo.grpo import (
-    entropy_from_logits, grpo_loss, head_logprobs, rollout_correction_weights, sampler_mismatch, token_advantages,
+    entropy_from_logits,
+    grpo_loss,
+    head_logprobs,
+    rollout_correction_weights,
+    sampler_mismatch,
+    token_advantages,
     token_logprobs,
 )
 from vlrl.config import RunConfig
@@ -41,7 +46,14 @@ from vlrl.errors import VlrlError
 from vlrl.models.qwen_vl_batched import forward_inputs, spatial_merge_size
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
-from vlrl.runtime.update_plan import UpdatePlan, UpdateStats, combine_update_stats, loss_units, make_update_plans, merge_stat
+from vlrl.runtime.update_plan import (
+    UpdatePlan,
+    UpdateStats,
+    combine_update_stats,
+    loss_units,
+    make_update_plans,
+    merge_stat,
+)
 from vlrl.training.guards import withholds_nonfinite
 
 
@@ -61,8 +73,16 @@ def lr_lambda(config: RunConfig, total_steps: int):
 
 
 class Policy:
-    def __init__(self, model: Any, config: RunConfig, suppress_token_ids: list[int], pad_token_id: int, total_optimizer_steps: int,
-                 world_size: int = 1, reference_adapter: str | None = None):
+    def __init__(
+        self,
+        model: Any,
+        config: RunConfig,
+        suppress_token_ids: list[int],
+        pad_token_id: int,
+        total_optimizer_steps: int,
+        world_size: int = 1,
+        reference_adapter: str | None = None,
+    ):
         self.model = model
         # The KL reference: this frozen adapter of the model (a warm start), or None: the base (adapter disabled).
         self.reference_adapter = reference_adapter
@@ -131,7 +151,9 @@ class Policy:
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=logp_rows.device).index_put(rows_dev, logp_rows)
         ent = None
         if entropy:
-            ent = torch.zeros(mask.shape, dtype=torch.float32, device=logp_rows.device).index_put(rows_dev, gathered["entropy"])
+            ent = torch.zeros(mask.shape, dtype=torch.float32, device=logp_rows.device).index_put(
+                rows_dev, gathered["entropy"]
+            )
         return logp, ent, batch
 
     def _adapter(self, trained: bool):
@@ -149,7 +171,9 @@ class Policy:
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
         head = getattr(base, "lm_head", None)
         if not isinstance(head, torch.nn.Module) or "forward" in vars(head):
-            raise VlrlError(f"{type(base).__name__} has no plain `lm_head` module; set algo.logit_chunk_size=0 (full logits)")
+            raise VlrlError(
+                f"{type(base).__name__} has no plain `lm_head` module; set algo.logit_chunk_size=0 (full logits)"
+            )
         return head
 
     @torch.no_grad()
@@ -188,7 +212,10 @@ class Policy:
         that `combine_update_stats` moves to `UpdateStats.timings`).
         """
         if len(episodes) != len(plan.indices) or len(advantages) != len(plan.indices):
-            raise ValueError(f"the plan holds {len(plan.indices)} episodes, got {len(episodes)} episodes and {len(advantages)} advantages")
+            raise ValueError(
+                f"the plan holds {len(plan.indices)} episodes, got {len(episodes)} episodes and {len(advantages)} "
+                "advantages"
+            )
         at = {g: k for k, g in enumerate(plan.indices)}
         seqs = [e.sequence for e in episodes]
         start = time.perf_counter()
@@ -198,7 +225,11 @@ class Policy:
         # when `algo.old_logprobs = sampler`: the sampler/trainer gap is measured against them).
         on_policy = len(plan.steps) == 1
         trainer_old = None if on_policy else self.score_no_grad(seqs, with_adapter=True, passes=plan.score_passes)
-        ref = self.score_no_grad(seqs, with_adapter=False, passes=plan.score_passes) if self.config.algo.kl_coef > 0 else None
+        ref = (
+            self.score_no_grad(seqs, with_adapter=False, passes=plan.score_passes)
+            if self.config.algo.kl_coef > 0
+            else None
+        )
         scoring_s = time.perf_counter() - start
         self.model.train()
         out = []
@@ -207,14 +238,18 @@ class Policy:
             local = [[at[i] for i in micro] for micro in micro_batches]
             start = time.perf_counter()
             # The first epoch sees every episode once: that is where the sampler/trainer gap is measured.
-            stats = self._optimizer_step(local, seqs, advantages, trainer_old, ref, denom, measure_mismatch=s < steps_per_epoch)
+            stats = self._optimizer_step(
+                local, seqs, advantages, trainer_old, ref, denom, measure_mismatch=s < steps_per_epoch
+            )
             stats["time_optim_s"] = time.perf_counter() - start
             out.append(stats)
         if out:  # the scoring happens once per update; book it on the first step (steps are summed)
             out[0]["time_logprob_s"] = scoring_s
         return out
 
-    def _optimizer_step(self, micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch=False) -> dict[str, float]:
+    def _optimizer_step(
+        self, micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch=False
+    ) -> dict[str, float]:
         """One optimizer step over this worker's micro-batches (local positions; [] = zero-weight pass).
 
         `trainer_old`: the policy's log-probs before the update (None: this step's own, detached).
@@ -241,7 +276,9 @@ class Policy:
         self.scheduler.step()
         return acc
 
-    def accumulate_gradients(self, micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch=False) -> dict[str, float]:
+    def accumulate_gradients(
+        self, micro_batches, seqs, advantages, trainer_old, ref, denom, measure_mismatch=False
+    ) -> dict[str, float]:
         """Forward/backward of every micro-batch into the parameters' `.grad` (no optimizer step);
         returns the partial stats. Each micro-batch's loss is weighted by its share of the
         mini-batch's normaliser `denom`, so the sum does not depend on how it is cut."""
@@ -266,7 +303,11 @@ class Policy:
             # the gradient (0 * NaN), so they are zeroed here.
             logp = torch.where(mask.bool(), logp, torch.zeros_like(logp))
             sampler_b = batch["sample_logprobs"][:, 1:].to(logp.device)
-            trainer_b = logp.detach() if trainer_old is None else _pad_stack([trainer_old[i] for i in micro], logp.shape[1], logp.device)
+            trainer_b = (
+                logp.detach()
+                if trainer_old is None
+                else _pad_stack([trainer_old[i] for i in micro], logp.shape[1], logp.device)
+            )
             old_b = sampler_b if a.old_logprobs == "sampler" else trainer_b
             is_weights = None
             if a.rollout_correction != "off":
@@ -277,13 +318,24 @@ class Policy:
             if any(isinstance(advantages[i], (list, tuple)) for i in micro):
                 # Per-turn advantages (GiGPO): one value per token; column t scores token t + 1.
                 length = logp.shape[1] + 1
-                adv = torch.stack([token_advantages(advantages[i], seqs[i].response_spans, length)[1:] for i in micro]).to(logp.device)
+                adv = torch.stack(
+                    [token_advantages(advantages[i], seqs[i].response_spans, length)[1:] for i in micro]
+                ).to(logp.device)
             else:
                 adv = torch.tensor([advantages[i] for i in micro], dtype=torch.float32, device=logp.device)
             loss, stats = grpo_loss(
-                logp, old_b, ref_b, adv, mask,
-                eps_low=a.eps_low, eps_high=a.eps_high, ratio_level=a.ratio_level, agg=a.loss_agg,
-                kl_coef=a.kl_coef, max_tokens=self.config.rollout.max_new_tokens, is_weights=is_weights,
+                logp,
+                old_b,
+                ref_b,
+                adv,
+                mask,
+                eps_low=a.eps_low,
+                eps_high=a.eps_high,
+                ratio_level=a.ratio_level,
+                agg=a.loss_agg,
+                kl_coef=a.kl_coef,
+                max_tokens=self.config.rollout.max_new_tokens,
+                is_weights=is_weights,
             )
             # x world_size: FSDP averages gradients over workers; we want their sum.
             (loss * (share * self.world_size)).backward()

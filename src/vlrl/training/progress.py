@@ -23,8 +23,13 @@ from vlrl.training.trainer import GRPOTrainer, StepMetrics
 
 # (record key, label) of the phases, in the order a step runs them
 PHASES = [
-    ("time/generate_s", "generate"), ("time/env_s", "env"), ("time/logprob_s", "logprob"), ("time/optim_s", "optim"),
-    ("time/sync_s", "sync"), ("time/eval_s", "eval"), ("time/checkpoint_s", "ckpt"),
+    ("time/generate_s", "generate"),
+    ("time/env_s", "env"),
+    ("time/logprob_s", "logprob"),
+    ("time/optim_s", "optim"),
+    ("time/sync_s", "sync"),
+    ("time/eval_s", "eval"),
+    ("time/checkpoint_s", "ckpt"),
 ]
 
 
@@ -73,7 +78,10 @@ def step_line(m: StepMetrics, total: int | None = None, eta: float | None = None
         f"step {v.get('time/step_s', 0):.1f}s ({phase_text(v)})",
     ]
     if "eval/success_rate" in v:
-        parts.append(f"holdout {v['eval/success_rate']:.1%} [{v.get('eval/success_low', 0):.0%}, {v.get('eval/success_high', 0):.0%}]")
+        parts.append(
+            f"holdout {v['eval/success_rate']:.1%} [{v.get('eval/success_low', 0):.0%}, "
+            f"{v.get('eval/success_high', 0):.0%}]"
+        )
     if total:
         parts.append(f"eta {format_duration(eta)}")
     return " | ".join(parts)
@@ -88,29 +96,40 @@ def step_table(m: StepMetrics | None, eta: float | None, holdout: dict[str, floa
         table.add_row("step", "waiting for the first step (rollouts, then the update)")
         return table
     v = m.values
-    table.add_row("learning", f"reward {v.get('reward/mean', 0):.3f} ± {v.get('reward/std', 0):.3f}   "
-                              f"success {v.get('episode/success', 0):.1%}   kl {v.get('train/kl', 0):.4f}   "
-                              f"entropy {v.get('train/entropy', 0):.3f}")
-    table.add_row("throughput", f"{v.get('throughput/rollout_tokens_per_s', 0):.0f} tok/s rollout   "
-                                f"{v.get('throughput/train_tokens_per_s', 0):.0f} tok/s train   "
-                                f"{v.get('throughput/episodes_per_s', 0):.2f} episodes/s")
+    table.add_row(
+        "learning",
+        f"reward {v.get('reward/mean', 0):.3f} ± {v.get('reward/std', 0):.3f}   "
+        f"success {v.get('episode/success', 0):.1%}   kl {v.get('train/kl', 0):.4f}   "
+        f"entropy {v.get('train/entropy', 0):.3f}",
+    )
+    table.add_row(
+        "throughput",
+        f"{v.get('throughput/rollout_tokens_per_s', 0):.0f} tok/s rollout   "
+        f"{v.get('throughput/train_tokens_per_s', 0):.0f} tok/s train   "
+        f"{v.get('throughput/episodes_per_s', 0):.2f} episodes/s",
+    )
     table.add_row("time", f"step {v.get('time/step_s', 0):.1f}s: {phase_text(v)}   eta {format_duration(eta)}")
     if holdout:
-        table.add_row("holdout", f"{holdout['success_rate']:.1%} [{holdout['success_low']:.0%}, {holdout['success_high']:.0%}] "
-                                 f"at step {holdout['step']:.0f}")
+        table.add_row(
+            "holdout",
+            f"{holdout['success_rate']:.1%} [{holdout['success_low']:.0%}, {holdout['success_high']:.0%}] "
+            f"at step {holdout['step']:.0f}",
+        )
     return table
 
 
 class LiveProgress:
     """The live display: a progress bar and the latest step's numbers (a rich Live).
 
-        with LiveProgress(console, total=100, start_step=0) as live:
-            trainer.on_step = live.on_step
+    with LiveProgress(console, total=100, start_step=0) as live:
+        trainer.on_step = live.on_step
     """
 
     def __init__(self, console: Console, total: int, start_step: int = 0):
         self.clock = StepClock(total, start_step)
-        self.bar = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+        self.bar = Progress(
+            TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        )
         self.task = self.bar.add_task("", total=total, completed=start_step)
         self.last: StepMetrics | None = None
         self.holdout: dict[str, float] | None = None
@@ -124,11 +143,14 @@ class LiveProgress:
         """The trainer's per-step callback."""
         self.last = m
         if "eval/success_rate" in m.values:
-            self.holdout = {"step": m.step, **{k: m.values[f"eval/{k}"] for k in ("success_rate", "success_low", "success_high")}}
+            self.holdout = {
+                "step": m.step,
+                **{k: m.values[f"eval/{k}"] for k in ("success_rate", "success_low", "success_high")},
+            }
         self.bar.update(self.task, completed=m.step)
         self.live.update(self.render(), refresh=True)
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> LiveProgress:
         self.live.start()
         return self
 
@@ -148,8 +170,14 @@ class QuietProgress:
         self.console.print(step_line(m, self.clock.total, self.clock.eta(m.step)), highlight=False, soft_wrap=True)
 
 
-def train_with_progress(config: RunConfig, run_dir: Path, init_adapter: str | None = None, resume: str | None = None,
-                        quiet: bool = False, console: Console | None = None) -> Path:
+def train_with_progress(
+    config: RunConfig,
+    run_dir: Path,
+    init_adapter: str | None = None,
+    resume: str | None = None,
+    quiet: bool = False,
+    console: Console | None = None,
+) -> Path:
     """Set up a trainer, optionally resume, train with a progress display; returns the adapter dir.
 
     `quiet`: one plain line per step (for jobs and pipes) instead of the live display.

@@ -76,8 +76,12 @@ class RecoveryMixin:
         }
         start = time.perf_counter()
         path = self.checkpoints.save(
-            self.step_idx, adapter=self.worker.adapter_state(), write_optimizer=self.worker.save_optimizer_state,
-            rng_states=rng_states, trainer=trainer, config_yaml=config_to_yaml(self.config),
+            self.step_idx,
+            adapter=self.worker.adapter_state(),
+            write_optimizer=self.worker.save_optimizer_state,
+            rng_states=rng_states,
+            trainer=trainer,
+            config_yaml=config_to_yaml(self.config),
         )
         self._checkpoint_s += time.perf_counter() - start
         return Path(path)
@@ -120,7 +124,9 @@ class RecoveryMixin:
             self.worker.set_lr_scale(self.guard_state.lr_scale)
         if changes:
             self.config_changes.append({"step": ckpt.step, "changed": changes})
-            log.info("resuming with changed config: %s", ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items()))
+            log.info(
+                "resuming with changed config: %s", ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changes.items())
+            )
         # Random states last: nothing above may draw from them after they are set.
         self.worker.load_rng_states(ckpt.rng_states)
         set_rng_state(state["driver_rng"])
@@ -135,7 +141,8 @@ class RecoveryMixin:
         saved = state.get("base_fingerprint")
         if saved and saved != self._base_fingerprint():
             raise VlrlError(
-                f"cannot resume from {path}: model.path holds other base weights (fingerprint {self._base_fingerprint()}, "
+                f"cannot resume from {path}: model.path holds other base weights (fingerprint "
+                f"{self._base_fingerprint()}, "
                 f"the checkpoint's {saved})"
             )
         for split, version in state.get("split_versions", {}).items():
@@ -173,7 +180,10 @@ class RecoveryMixin:
             self.restarts += 1
             source = self.newest_restorable()
             log.warning(
-                "%s; restart %d of %d: new workers, continuing from %s", error, self.session_restarts, limit,
+                "%s; restart %d of %d: new workers, continuing from %s",
+                error,
+                self.session_restarts,
+                limit,
                 source or "step 0 (no checkpoint yet)",
             )
             self.worker.close()

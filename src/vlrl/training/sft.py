@@ -21,15 +21,14 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from vlrl.config import RunConfig
 from vlrl.algo.grpo import token_logprobs
+from vlrl.config import RunConfig
 from vlrl.envs.base import Task, build_split, env_class, make_env
 from vlrl.errors import VlrlError
 from vlrl.models.output import check_output_dir
@@ -92,7 +91,9 @@ class TranscriptBatches:
     then depends on (seed, epoch, task), so a run is reproducible whatever the worker count.
     """
 
-    def __init__(self, config: RunConfig, chat: ChatFormat, tasks: list[Task], pad_id: int, merge_size: int | None = None):
+    def __init__(
+        self, config: RunConfig, chat: ChatFormat, tasks: list[Task], pad_id: int, merge_size: int | None = None
+    ):
         """`merge_size` (the model's `spatial_merge_size`): batches also carry their M-RoPE
         position ids, computed where the batch is built (in the workers, off the training loop)."""
         self.config, self.chat, self.tasks, self.pad_id, self.merge_size = config, chat, tasks, pad_id, merge_size
@@ -114,16 +115,24 @@ class TranscriptBatches:
         order = list(range(len(self.tasks)))
         rng.shuffle(order)
         loader = torch.utils.data.DataLoader(
-            [order[b : b + size] for b in range(0, len(order), size)], batch_size=None, shuffle=False,
-            num_workers=workers, collate_fn=partial(self._play_batch, epoch=epoch), prefetch_factor=4,
+            [order[b : b + size] for b in range(0, len(order), size)],
+            batch_size=None,
+            shuffle=False,
+            num_workers=workers,
+            collate_fn=partial(self._play_batch, epoch=epoch),
+            prefetch_factor=4,
             persistent_workers=False,
         )
         yield from loader
 
     def _play_batch(self, indices: list[int], epoch: int) -> dict[str, torch.Tensor]:
         torch.set_num_threads(1)  # many small workers, not one that takes every core
-        seqs = [oracle_transcript(self.config, self.chat, self.tasks[i],
-                                  random.Random(f"{self.config.train.seed}/{epoch}/{i}")) for i in indices]
+        seqs = [
+            oracle_transcript(
+                self.config, self.chat, self.tasks[i], random.Random(f"{self.config.train.seed}/{epoch}/{i}")
+            )
+            for i in indices
+        ]
         return self._collate(seqs)
 
 
@@ -137,8 +146,14 @@ def reached_target(history: list[dict], target: float | None) -> bool:
     return sum(h["loss"] for h in history[-TARGET_WINDOW:]) / TARGET_WINDOW < target
 
 
-def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint: str,
-                    record_file: str = "vlrl_sft.json", record: dict | None = None) -> Path:
+def save_full_model(
+    model,
+    base_dir: Path,
+    out_dir: str | Path,
+    base_fingerprint: str,
+    record_file: str = "vlrl_sft.json",
+    record: dict | None = None,
+) -> Path:
     """Write a fully fine-tuned model as a new base: weights + config, the base's tokenizer and
     processor files, and `record_file` naming the model it was trained from (plus `record`)."""
     out = Path(out_dir)
@@ -146,10 +161,14 @@ def save_full_model(model, base_dir: Path, out_dir: str | Path, base_fingerprint
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in base_dir.iterdir():
-        if f.is_file() and not (f.suffix == ".safetensors" or f.name in ("config.json", "model.safetensors.index.json")):
+        if f.is_file() and not (
+            f.suffix == ".safetensors" or f.name in ("config.json", "model.safetensors.index.json")
+        ):
             shutil.copy2(f, tmp / f.name)
     model.save_pretrained(str(tmp))
-    (tmp / record_file).write_text(json.dumps({"trained_from": str(base_dir), "base_fingerprint": base_fingerprint, **(record or {})}))
+    (tmp / record_file).write_text(
+        json.dumps({"trained_from": str(base_dir), "base_fingerprint": base_fingerprint, **(record or {})})
+    )
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -168,8 +187,12 @@ def seeded_model(config: RunConfig, dtype: str):
     return model_dir, load_processor(model_dir), load_policy_model(model_dir, dtype=dtype)
 
 
-def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int, float], None] | None = None,
-            overwrite: bool = False) -> Path:
+def run_sft(
+    config: RunConfig,
+    out_dir: str | Path,
+    progress: Callable[[int, int, float], None] | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Behaviour-clone the oracle; writes a LoRA adapter (mode lora) or a whole model (mode full).
 
     `out_dir` must be new or empty unless `overwrite`, and never the base model itself
@@ -182,8 +205,10 @@ def run_sft(config: RunConfig, out_dir: str | Path, progress: Callable[[int, int
 
     noise = config.train.sft.noise
     if noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
-        raise VlrlError(f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
-                        "(a random_response(rng) method); set train.sft.noise=0")
+        raise VlrlError(
+            f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
+            "(a random_response(rng) method); set train.sft.noise=0"
+        )
     out_dir = check_output_dir(out_dir, config.model.path, overwrite)
     tracker = RunTracker.from_config(config)
     tracker.start(config, out_dir, collect_lineage(config, out_dir, kind="sft", resumed=False))
@@ -213,7 +238,9 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     device = worker_device(config)
     model.to(device)
     # fp32 weights and optimizer state, bf16 matmuls: the usual mixed precision on a GPU.
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and config.model.dtype == "float32")
+    autocast = torch.autocast(
+        "cuda", dtype=torch.bfloat16, enabled=device.type == "cuda" and config.model.dtype == "float32"
+    )
 
     rng = random.Random(config.train.seed)
     split = build_split(config.env, "train")
@@ -249,8 +276,15 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
             torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm)
             opt.step()
             step += 1
-            history.append({"step": step, "epoch": epoch, "loss": float(loss.detach()), "lr": s.lr * factor,
-                            "seconds": round(time.monotonic() - started, 2)})
+            history.append(
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": float(loss.detach()),
+                    "lr": s.lr * factor,
+                    "seconds": round(time.monotonic() - started, 2),
+                }
+            )
             if progress:
                 progress(step, total, float(loss.detach()))
         if out_of_time or reached_target(history, s.target_loss):

@@ -13,8 +13,9 @@ Kept out of the trainer so that the loop reads as GRPO, not as bookkeeping.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlrl.config import RunConfig
 

@@ -32,13 +32,21 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from vlrl.algo.grpo import combine_advantages, discounted_returns, group_advantages, informative_groups, rare_best_share, step_advantages
+from vlrl.algo.grpo import (
+    combine_advantages,
+    discounted_returns,
+    group_advantages,
+    informative_groups,
+    rare_best_share,
+    step_advantages,
+)
 from vlrl.config import RunConfig, config_to_yaml
 from vlrl.envs.base import build_split
 from vlrl.errors import TimeLimitReached, WorkerDiedError
@@ -48,10 +56,17 @@ from vlrl.runtime.update_plan import MISMATCH_KEYS
 from vlrl.runtime.worker_api import WorkerGroup
 from vlrl.training.checkpoint import CheckpointStore, step_of
 from vlrl.training.guards import (
-    GuardEvent, GuardState, GuardStop, eval_phase_events, most_severe, update_phase_events, wants_rollback, wants_snapshot,
+    GuardEvent,
+    GuardState,
+    GuardStop,
+    eval_phase_events,
+    most_severe,
+    update_phase_events,
+    wants_rollback,
+    wants_snapshot,
 )
-from vlrl.training.sampler import TaskSampler
 from vlrl.training.recovery import RecoveryMixin
+from vlrl.training.sampler import TaskSampler
 from vlrl.training.seeding import rng_state
 
 log = logging.getLogger(__name__)
@@ -81,8 +96,13 @@ class GRPOTrainer(RecoveryMixin):
     """setup -> [load_checkpoint] -> train (step after step) -> save; checkpoints hold everything
     needed to resume exactly (save, resume and restart: `vlrl.training.recovery`)."""
 
-    def __init__(self, config: RunConfig, run_dir: str | Path, init_adapter: str | None = None,
-                 on_step: Callable[[StepMetrics], None] | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        run_dir: str | Path,
+        init_adapter: str | None = None,
+        on_step: Callable[[StepMetrics], None] | None = None,
+    ):
         self.config = config
         self.run_dir = Path(run_dir)
         self.init_adapter = init_adapter
@@ -119,8 +139,10 @@ class GRPOTrainer(RecoveryMixin):
         from vlrl.training.worker import make_worker_group
 
         c = self.config
-        optimizer_steps = c.train.steps * c.algo.ppo_epochs * max(
-            1, -(-c.algo.tasks_per_step * c.algo.group_size // c.algo.mini_batch_size)
+        optimizer_steps = (
+            c.train.steps
+            * c.algo.ppo_epochs
+            * max(1, -(-c.algo.tasks_per_step * c.algo.group_size // c.algo.mini_batch_size))
         )
         return make_worker_group(c, optimizer_steps, self.init_adapter)
 
@@ -133,7 +155,7 @@ class GRPOTrainer(RecoveryMixin):
         if telemetry is not None:
             telemetry.close()
 
-    def __enter__(self) -> "GRPOTrainer":
+    def __enter__(self) -> GRPOTrainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -170,7 +192,11 @@ class GRPOTrainer(RecoveryMixin):
         events: list[GuardEvent] = []
         episodes, rewards, dropped = self.collect(stats)
         t_rollout = time.perf_counter() - t0
-        values: dict[str, float] = {"time/rollout_s": t_rollout, "time/generate_s": stats.generate_s, "time/env_s": stats.env_s}
+        values: dict[str, float] = {
+            "time/rollout_s": t_rollout,
+            "time/generate_s": stats.generate_s,
+            "time/env_s": stats.env_s,
+        }
         values.update(episode_metrics(episodes))
         values["groups/dropped"] = float(dropped)
         if episodes:
@@ -187,7 +213,9 @@ class GRPOTrainer(RecoveryMixin):
             # The sampler/trainer gap describes the rollout, so it is recorded under rollout/.
             values.update({f"rollout/{k}" if k in MISMATCH_KEYS else f"train/{k}": v for k, v in update.items()})
             values.update({f"time/{k}": v for k, v in getattr(update, "timings", {}).items()})  # logprob_s, optim_s
-            values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(1e-9, values["time/update_s"])
+            values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(
+                1e-9, values["time/update_s"]
+            )
             events = update_phase_events(c.train.guards, self.step_idx + 1, values, self.history)
             if snapshot is not None and any(e.action == "skip" for e in events):
                 self.worker.load_training_state(*snapshot)  # drop the update before the engine gets it
@@ -197,11 +225,18 @@ class GRPOTrainer(RecoveryMixin):
         values["throughput/rollout_tokens_per_s"] = stats.generated_tokens / max(1e-9, stats.generate_s)
         values["throughput/episodes_per_s"] = len(episodes) / max(1e-9, t_rollout)
         ends_run = most_severe(events) in ("rollback", "stop")  # no evaluation of a state about to be left
-        if c.train.eval_every and self.step_idx % c.train.eval_every == 0 and self.step_idx < c.train.steps and not ends_run:
+        if (
+            c.train.eval_every
+            and self.step_idx % c.train.eval_every == 0
+            and self.step_idx < c.train.steps
+            and not ends_run
+        ):
             t2 = time.perf_counter()
             values.update(self.evaluate().as_metrics("eval"))
             values["time/eval_s"] = time.perf_counter() - t2
-            events += eval_phase_events(c.train.guards, self.step_idx, [*self.history, {"step": self.step_idx, **values}], self.evals)
+            events += eval_phase_events(
+                c.train.guards, self.step_idx, [*self.history, {"step": self.step_idx, **values}], self.evals
+            )
         self._escalate_rollbacks(events)
         values.update({e.record_key: 1.0 for e in events})
         values["time/checkpoint_s"], self._checkpoint_s = self._checkpoint_s, 0.0  # the previous step's
@@ -222,7 +257,9 @@ class GRPOTrainer(RecoveryMixin):
             self._act_on_guards(events)
         return m
 
-    def per_turn_advantages(self, episodes: list[Episode], episode_adv: list[float], scale: str) -> tuple[list[list[float]], float]:
+    def per_turn_advantages(
+        self, episodes: list[Episode], episode_adv: list[float], scale: str
+    ) -> tuple[list[list[float]], float]:
         """GiGPO: the episode advantage plus the weighted step-level advantage, per turn; also the
         share of turns that had a same-state turn to be compared with."""
         a = self.config.algo
@@ -270,12 +307,20 @@ class GRPOTrainer(RecoveryMixin):
             m = self.step()
             recent = (recent + [time.monotonic() - t0])[-3:]
             rolled_back = m.step != self.step_idx  # a guard went back to a checkpoint: nothing new to save
-            if c.checkpoint_every and self.step_idx % c.checkpoint_every == 0 and self.step_idx < c.steps and not rolled_back:
+            if (
+                c.checkpoint_every
+                and self.step_idx % c.checkpoint_every == 0
+                and self.step_idx < c.steps
+                and not rolled_back
+            ):
                 self.save_checkpoint()
             # Stop BEFORE a step that would end past the budget: a job slot's hard limit would kill
             # it mid-step and lose everything since the last checkpoint (seen on the GPU machine).
-            if (c.max_minutes is not None and self.step_idx < c.steps
-                    and time.monotonic() - self._started + max(recent) > 60 * c.max_minutes):
+            if (
+                c.max_minutes is not None
+                and self.step_idx < c.steps
+                and time.monotonic() - self._started + max(recent) > 60 * c.max_minutes
+            ):
                 path = self.save_checkpoint()
                 raise TimeLimitReached(
                     f"train.max_minutes ({c.max_minutes:g}) reached after step {self.step_idx} of {c.steps}; "
@@ -322,7 +367,9 @@ class GRPOTrainer(RecoveryMixin):
             path = self.save_checkpoint()
             first, *others = [e for e in events if e.action == "stop"]
             also = "".join(f"; also {e.check}: {e.message}" for e in others)
-            raise GuardStop(f"guard {first.check} stopped the run at step {first.step}: {first.message}{also} (checkpoint {path})")
+            raise GuardStop(
+                f"guard {first.check} stopped the run at step {first.step}: {first.message}{also} (checkpoint {path})"
+            )
         if action == "rollback":
             self._rollback(next(e for e in events if e.action == "rollback"), self.newest_restorable())
 
@@ -335,10 +382,22 @@ class GRPOTrainer(RecoveryMixin):
         undone = [r for r in self.history if r["step"] > (step_of(source) or 0)]
         with (self.run_dir / ROLLED_BACK_METRICS).open("a") as f:
             f.writelines(json.dumps({**r, "rolled_back_by": cause.check}) + "\n" for r in undone)
-        self._restore(source, after_restart=True, event="rollback", check=cause.check, lr_scale=self.guard_state.lr_scale,
-                      rollbacks=self.guard_state.rollbacks)
-        log.warning("guard %s: rolled back to %s; learning rate x %g (rollback %d of %d)", cause.check, source,
-                    self.guard_state.lr_scale, self.guard_state.rollbacks, g.max_rollbacks)
+        self._restore(
+            source,
+            after_restart=True,
+            event="rollback",
+            check=cause.check,
+            lr_scale=self.guard_state.lr_scale,
+            rollbacks=self.guard_state.rollbacks,
+        )
+        log.warning(
+            "guard %s: rolled back to %s; learning rate x %g (rollback %d of %d)",
+            cause.check,
+            source,
+            self.guard_state.lr_scale,
+            self.guard_state.rollbacks,
+            g.max_rollbacks,
+        )
 
     # -- run directory -------------------------------------------------------------------------
     def _start_fresh(self) -> None:
@@ -350,8 +409,12 @@ class GRPOTrainer(RecoveryMixin):
             aside.mkdir(exist_ok=True)
             for p in old:
                 p.rename(aside / p.name)
-            log.warning("%s held an earlier run (not resumed): moved its %s to %s", self.run_dir,
-                        " and ".join(p.name for p in old), aside)
+            log.warning(
+                "%s held an earlier run (not resumed): moved its %s to %s",
+                self.run_dir,
+                " and ".join(p.name for p in old),
+                aside,
+            )
         self._write_config()
         if wants_rollback(self.config.train.guards):
             self.save_checkpoint()  # step 0: a guard's rollback always has a checkpoint to go back to

@@ -79,8 +79,10 @@ def perception_scores(logits: torch.Tensor, labels: torch.Tensor, agents: torch.
     rows = torch.arange(len(agents), device=agents.device)
     right = pred == truth
     # A move label counts on free squares only (on a wall it is always 0, and not trained).
-    scores = {f"acc/{name}": (right[..., i] if i < _OPEN.start else right[..., i][free]).float().mean().item()
-              for i, name in enumerate(SQUARE_LABELS)}
+    scores = {
+        f"acc/{name}": (right[..., i] if i < _OPEN.start else right[..., i][free]).float().mean().item()
+        for i, name in enumerate(SQUARE_LABELS)
+    }
     scores["free_squares_exact"] = moves_right[free].float().mean().item()
     scores["agent_exact"] = moves_right[rows, agents].float().mean().item()
     return scores
@@ -96,7 +98,8 @@ class _Images:
         if (grid != grid[0]).any() or patches // merge**2 != squares:
             raise VlrlError(
                 f"vision pretraining needs one merged image token per maze square; the images give "
-                f"{patches // merge**2} tokens for {squares} squares: set env.cell_px to the model's patch size x spatial merge"
+                f"{patches // merge**2} tokens for {squares} squares: set env.cell_px to the model's patch size x "
+                "spatial merge"
             )
         pixels = enc["pixel_values"].to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
         self.pixels = pixels.view(len(images), patches, -1)
@@ -129,9 +132,17 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path, overwrite: bool = Fa
     images, labels, _ = perception_examples(config.env, "train", s.tasks)
     h_images, h_labels, h_agents = perception_examples(config.env, "holdout", s.eval_tasks)
     squares = labels.shape[1]
-    train, holdout = _Images(processor, images, squares, merge, device), _Images(processor, h_images, squares, merge, device)
+    train, holdout = (
+        _Images(processor, images, squares, merge, device),
+        _Images(processor, h_images, squares, merge, device),
+    )
     labels, h_labels, h_agents = labels.to(device), h_labels.to(device), h_agents.to(device)
-    log.info("vision pretraining: %d train and %d holdout images in %.1f s", len(images), len(h_images), time.monotonic() - t0)
+    log.info(
+        "vision pretraining: %d train and %d holdout images in %.1f s",
+        len(images),
+        len(h_images),
+        time.monotonic() - t0,
+    )
 
     head = torch.nn.Linear(visual.merger.linear_fc2.out_features, len(SQUARE_LABELS))
     visual.to(device).train()
@@ -148,7 +159,9 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path, overwrite: bool = Fa
     def measure(step: int, loss: torch.Tensor) -> dict:
         visual.eval()
         with torch.no_grad():
-            chunks = [logits_of(*holdout.batch(idx)) for idx in torch.arange(len(h_labels), device=device).split(s.batch_size)]
+            chunks = [
+                logits_of(*holdout.batch(idx)) for idx in torch.arange(len(h_labels), device=device).split(s.batch_size)
+            ]
         visual.train()
         scores = perception_scores(torch.cat(chunks), h_labels, h_agents)
         row = {"step": step, "loss": round(float(loss.detach()), 5), "seconds": round(time.monotonic() - started, 1)}
@@ -171,18 +184,28 @@ def pretrain_vision(config: RunConfig, out_dir: str | Path, overwrite: bool = Fa
         if step % s.eval_every == 0 or step == s.steps:
             history.append(measure(step, loss))
     if step == 0:
-        raise VlrlError("train.vision_pretrain.max_minutes ended vision pretraining before its first step; give it more time")
+        raise VlrlError(
+            "train.vision_pretrain.max_minutes ended vision pretraining before its first step; give it more time"
+        )
     if not history or history[-1]["step"] != step:
         history.append(measure(step, loss))  # the budget ended it between two measurements
     if step < s.steps:
-        log.warning("vision pretraining stopped at step %d of %d: train.vision_pretrain.max_minutes (%s) reached",
-                    step, s.steps, s.max_minutes)
+        log.warning(
+            "vision pretraining stopped at step %d of %d: train.vision_pretrain.max_minutes (%s) reached",
+            step,
+            s.steps,
+            s.max_minutes,
+        )
 
     visual.to("cpu")
     model.to(_saved_dtype(model_dir))  # a float32 base stays float32, a bfloat16 one bfloat16
     base_fingerprint = model_fingerprint(model_dir)
-    record = {"steps": step, "settings": s.model_dump(), "final": history[-1],
-              "env": {"sizes": config.env.sizes, "layout": config.env.layout, "cell_px": config.env.cell_px}}
+    record = {
+        "steps": step,
+        "settings": s.model_dump(),
+        "final": history[-1],
+        "env": {"sizes": config.env.sizes, "layout": config.env.layout, "cell_px": config.env.cell_px},
+    }
     out = save_full_model(model, model_dir, out_dir, base_fingerprint, "vlrl_vision_pretrain.json", record)
     (out / "vision_pretrain_history.json").write_text(json.dumps(history))
     return out

@@ -40,7 +40,6 @@ from vlrl.runtime.worker_api import WorkerGroup
 from vlrl.training.policy import Policy
 from vlrl.training.seeding import rng_state, seed_everything, set_rng_state
 
-
 # Left free on the GPU beside the policy's weights and vLLM's share: the policy's activations during
 # rollouts' host work, NCCL buffers, allocator slack. The update runs while vLLM sleeps.
 POLICY_HEADROOM_BYTES = 4 << 30
@@ -69,7 +68,8 @@ def vllm_memory_share(requested: float | str, free: int, total: int) -> float:
         raise VlrlError(
             f"rollout.gpu_memory_utilization={share} asks vLLM for {share * total / gib:.1f} GiB of the GPU's "
             f"{total / gib:.1f} GiB, but only {free / gib:.1f} GiB are free after loading the policy, "
-            f"{POLICY_HEADROOM_BYTES // gib} GiB of which stay with the policy; use at most {max(0.0, usable / total):.2f}, or auto"
+            f"{POLICY_HEADROOM_BYTES // gib} GiB of which stay with the policy; "
+            f"use at most {max(0.0, usable / total):.2f}, or auto"
         )
     return share
 
@@ -77,8 +77,17 @@ def vllm_memory_share(requested: float | str, free: int, total: int) -> float:
 class Worker:
     """Holds a LoRA policy (trainable, FSDP-sharded across workers) and a rollout engine that samples from it."""
 
-    def __init__(self, config: RunConfig, total_optimizer_steps: int, adapter_dir: str | None = None, *,
-                 rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1", master_port: int | None = None):
+    def __init__(
+        self,
+        config: RunConfig,
+        total_optimizer_steps: int,
+        adapter_dir: str | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+    ):
         from vlrl.models.loading import vision_special_token_ids
         from vlrl.models.processor import load_processor
 
@@ -91,7 +100,9 @@ class Worker:
         if world_size > 1:
             if master_port is None:
                 raise ValueError("a worker of a group needs the rendezvous port of rank 0 (master_port)")
-            distributed.init_process_group(rank, world_size, master_addr, master_port, self.device, config.runtime.collective_timeout_s)
+            distributed.init_process_group(
+                rank, world_size, master_addr, master_port, self.device, config.runtime.collective_timeout_s
+            )
         seed_everything(config.train.seed)
         model_dir = ensure_model(config.model)
         self.model_dir = model_dir
@@ -110,8 +121,15 @@ class Worker:
         tok = self.processor.tokenizer
         self.suppress = vision_special_token_ids(self.processor)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.chat.eos_id
-        self.policy = Policy(self.model, config, self.suppress, self.pad_id, total_optimizer_steps, world_size=world_size,
-                             reference_adapter=self.reference_adapter)
+        self.policy = Policy(
+            self.model,
+            config,
+            self.suppress,
+            self.pad_id,
+            total_optimizer_steps,
+            world_size=world_size,
+            reference_adapter=self.reference_adapter,
+        )
         self.engine = self._make_engine()
         if world_size > 1:
             self.sync_adapter(0)  # the engine's copy starts from the policy's adapter
@@ -149,13 +167,23 @@ class Worker:
             c = self.config
             memory_share = 0.5  # unused on CPU (the KV cache is sized by rollout.kv_cache_memory_mb)
             if c.runtime.use_gpu:
-                memory_share = vllm_memory_share(c.rollout.gpu_memory_utilization, *torch.cuda.mem_get_info(self.device))
+                memory_share = vllm_memory_share(
+                    c.rollout.gpu_memory_utilization, *torch.cuda.mem_get_info(self.device)
+                )
             engine = VLLMEngine(
-                self.model_dir, self.processor.tokenizer, self.suppress,
-                eos_token_id=self.chat.eos_id, lora_config=vllm_lora_config(self.model),
-                dtype=c.model.dtype, max_model_len=c.rollout.max_model_len, max_images=c.env.max_turns,
-                max_num_seqs=c.rollout.batch_size, kv_cache_memory_mb=c.rollout.kv_cache_memory_mb,
-                gpu_memory_utilization=memory_share, use_gpu=c.runtime.use_gpu, seed=c.train.seed,
+                self.model_dir,
+                self.processor.tokenizer,
+                self.suppress,
+                eos_token_id=self.chat.eos_id,
+                lora_config=vllm_lora_config(self.model),
+                dtype=c.model.dtype,
+                max_model_len=c.rollout.max_model_len,
+                max_images=c.env.max_turns,
+                max_num_seqs=c.rollout.batch_size,
+                kv_cache_memory_mb=c.rollout.kv_cache_memory_mb,
+                gpu_memory_utilization=memory_share,
+                use_gpu=c.runtime.use_gpu,
+                seed=c.train.seed,
             )
             engine.update_adapter(distributed.gather_adapter_state(self.model), 0)
             return engine
@@ -165,11 +193,16 @@ class Worker:
             model = self._lora_model(trainable=False).to(self.device).eval()
             model.requires_grad_(False)
         return TransformersEngine(
-            model, self.processor.tokenizer, self.suppress,
-            eos_token_id=self.chat.eos_id, pad_token_id=self.pad_id,
+            model,
+            self.processor.tokenizer,
+            self.suppress,
+            eos_token_id=self.chat.eos_id,
+            pad_token_id=self.pad_id,
             batch_size=self.config.rollout.batch_size,
-            max_batch_tokens=self.config.rollout.max_batch_tokens, shares_policy=shares,
-            fast_decode=self.config.rollout.fast_decode, compile_decode=self.config.rollout.compile_decode,
+            max_batch_tokens=self.config.rollout.max_batch_tokens,
+            shares_policy=shares,
+            fast_decode=self.config.rollout.fast_decode,
+            compile_decode=self.config.rollout.compile_decode,
             vision_cache_mb=self.config.rollout.vision_cache_mb,
         )
 
@@ -177,11 +210,15 @@ class Worker:
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
         return sampling_params(self.config, greedy, seed)
 
-    def rollout(self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None) -> list[Episode]:
+    def rollout(
+        self, tasks: list[Task], group_size: int, params: SamplingParams, stats: RolloutStats | None = None
+    ) -> list[Episode]:
         if not tasks:
             return []
         self.engine.wake_up()
-        return run_episodes(self.engine, self.chat, self.config.env, tasks, group_size, params, self.config.rollout.max_model_len, stats)
+        return run_episodes(
+            self.engine, self.chat, self.config.env, tasks, group_size, params, self.config.rollout.max_model_len, stats
+        )
 
     def evaluate(self, tasks: list[Task], greedy: bool, label: str, seed: int | None = None) -> EvalResult:
         """One episode per task with the current adapter (an `EvalResult`)."""
@@ -198,7 +235,9 @@ class Worker:
         self.engine.sleep()
         return self.policy.update(episodes, advantages, seed)
 
-    def update_shard(self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan) -> list[dict[str, float]]:
+    def update_shard(
+        self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan
+    ) -> list[dict[str, float]]:
         """This worker's part of a data-parallel update; per-step partial stats (`combine_update_stats`)."""
         self.engine.sleep()
         return self.policy.run_plan(episodes, advantages, plan)
@@ -219,7 +258,10 @@ class Worker:
         transport = getattr(self.engine, "adapter_transport", None)
         if transport is None:
             return {}
-        return {"sync/transport_memory": float(transport == "memory"), "sync/transport_disk": float(transport == "disk")}
+        return {
+            "sync/transport_memory": float(transport == "memory"),
+            "sync/transport_disk": float(transport == "disk"),
+        }
 
     def save_adapter(self, out_dir: str | os.PathLike) -> Path:
         """Write the adapter directory (rank 0 writes; every worker of a group must call it)."""
@@ -277,10 +319,12 @@ class Worker:
 
         A copy: on one worker torch hands out the live tensors, which AdamW updates in place, and
         a guard's `skip` needs the state as it was before the update."""
-        return copy.deepcopy({
-            "optimizer": distributed.optimizer_state(self.model, self.policy.optimizer),
-            "scheduler": self.policy.scheduler.state_dict(),
-        })
+        return copy.deepcopy(
+            {
+                "optimizer": distributed.optimizer_state(self.model, self.policy.optimizer),
+                "scheduler": self.policy.scheduler.state_dict(),
+            }
+        )
 
     def load_training_state(self, adapter: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
         """Restore adapter weights, optimizer and scheduler (from any number of workers)."""

@@ -84,7 +84,7 @@ def test_not_an_object():
 
 def test_state_machine_save_cancel_and_goal():
     app = generate_app(2, 160, 160, 4)
-    (target, wanted), = app.goal["set"].items()
+    ((target, wanted),) = app.goal["set"].items()
     state = AppState.initial(app)
     widget = app.widget(target)
     save = app.buttons(0, "save")[0]
@@ -107,7 +107,7 @@ def test_typing_needs_focus_and_replaces_the_text():
     app = generate_app(3, 160, 160, 2)
     state = AppState.initial(app)
     assert not type_text(state, "x")
-    (target, wanted), = app.goal["set"].items()
+    ((target, wanted),) = app.goal["set"].items()
     assert click(app, state, app.widget(target)) == "focus"
     assert type_text(state, wanted) and state.values[target] == wanted
 

@@ -24,21 +24,43 @@ def test_render_writes_the_screenshot_and_the_app_json(tmp_path):
     trace = json.loads((tmp_path / "l1.json").read_text())
     assert App.from_json(trace["app"]).level == 1 and replay_trace(trace)["matches"]
     adv = tmp_path / "adv.png"
-    result = runner.invoke(app, ["render", "--env", "gui", "env.levels=[4]", "env.width=160", "env.height=160",
-                                 "--split", "adversarial", "--index", "3", "-o", str(adv)])
+    result = runner.invoke(
+        app,
+        [
+            "render",
+            "--env",
+            "gui",
+            "env.levels=[4]",
+            "env.width=160",
+            "env.height=160",
+            "--split",
+            "adversarial",
+            "--index",
+            "3",
+            "-o",
+            str(adv),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert Image.open(adv).size == (192, 192) and "level 4" in result.output  # the resolution variant
 
 
 def test_play_oracle_solves_a_level_4_app():
-    result = runner.invoke(app, ["play", "--env", "gui", "env.levels=[4]", "env.width=160", "env.height=160", "--seed", "2", "--oracle"])
+    result = runner.invoke(
+        app, ["play", "--env", "gui", "env.levels=[4]", "env.width=160", "env.height=160", "--seed", "2", "--oracle"]
+    )
     assert result.exit_code == 0, result.output
-    assert "Opened the" in result.output and "Stopped: the task is done." in result.output and "success:" in result.output
+    assert (
+        "Opened the" in result.output and "Stopped: the task is done." in result.output and "success:" in result.output
+    )
 
 
 def test_play_reads_piped_bad_actions():
-    result = runner.invoke(app, ["play", "-c", GUI_CPU, "--seed", "1", "env.stop_required=true", "env.max_turns=8"],
-                           input='click(12)\ntype(\nclick(300, 5)\ntype("x")\nclick(1, 20)\nstop\n')
+    result = runner.invoke(
+        app,
+        ["play", "-c", GUI_CPU, "--seed", "1", "env.stop_required=true", "env.max_turns=8"],
+        input='click(12)\ntype(\nclick(300, 5)\ntype("x")\nclick(1, 20)\nstop\n',
+    )
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
     assert out.count("Invalid action.") == 2
@@ -49,7 +71,11 @@ def test_play_reads_piped_bad_actions():
 
 def test_bad_gui_settings_are_one_line():
     result = runner.invoke(app, ["render", "--env", "gui", "env.levels=[7]"])
-    assert result.exit_code != 0 and "unknown gui level 7" in str(result.exception) and "\n" not in str(result.exception).strip()
+    assert (
+        result.exit_code != 0
+        and "unknown gui level 7" in str(result.exception)
+        and "\n" not in str(result.exception).strip()
+    )
 
 
 def test_split_lists_levels_and_variants():

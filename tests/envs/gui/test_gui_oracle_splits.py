@@ -19,8 +19,13 @@ from vlrl.errors import VlrlError
 
 
 def _key(state: AppState):
-    return (state.screen, tuple(sorted(state.values.items())), None if state.saved is None else tuple(sorted(state.saved.items())),
-            tuple(sorted(set(state.pressed))), state.focus)
+    return (
+        state.screen,
+        tuple(sorted(state.values.items())),
+        None if state.saved is None else tuple(sorted(state.saved.items())),
+        tuple(sorted(set(state.pressed))),
+        state.focus,
+    )
 
 
 def bfs_distance(app, state: AppState, limit: int = 9) -> int:
@@ -82,8 +87,13 @@ def test_oracle_solves_300_training_apps_per_level(level):
         assert m["success"] == 1.0 and m["turns"] == m["optimal_turns"]
 
 
-CONFIG = GuiEnvConfig(levels=[1, 2, 3, 4], width=160, height=160,
-                      holdout={"seed_start": 10_000_000, "count": 120}, adversarial={"seed_start": 20_000_000, "count": 120})
+CONFIG = GuiEnvConfig(
+    levels=[1, 2, 3, 4],
+    width=160,
+    height=160,
+    holdout={"seed_start": 10_000_000, "count": 120},
+    adversarial={"seed_start": 20_000_000, "count": 120},
+)
 
 
 def test_splits_are_disjoint_by_layout():
@@ -100,7 +110,10 @@ def test_splits_are_disjoint_by_layout():
     assert variants == {"theme:dark", "theme:contrast", "theme:noise", "resolution:192", "distractors:+3", "moved"}
     assert {t.params["level"] for t in adv} == {1, 2, 3, 4}
     moved = next(t for t in adv if t.params["moved"])
-    assert app_for_task(moved).layout_hash() != generate_app(moved.params["level"], 160, 160, moved.seed, attempt=moved.params["attempt"]).layout_hash()
+    assert (
+        app_for_task(moved).layout_hash()
+        != generate_app(moved.params["level"], 160, 160, moved.seed, attempt=moved.params["attempt"]).layout_hash()
+    )
 
 
 def test_shipped_config_holds_out_whole_layouts():
@@ -136,20 +149,52 @@ def _hand_written(tabs_back: bool, save_on_second: bool) -> dict:
     if tabs_back:
         more.append({"id": "back", "kind": "tab", "label": "Home", "box": [8, 16, 60, 32], "target": 0})
     if save_on_second:
-        more.append({"id": "save2", "kind": "button", "label": "Save", "box": [70, 100, 120, 116], "action": "save", "style": "accent"})
-    home = [{"id": "go", "kind": "tab", "label": "More", "box": [60, 16, 120, 32], "target": 1},
-            {"id": "save", "kind": "button", "label": "Save", "box": [70, 100, 120, 116], "action": "save", "style": "accent"}]
-    return {"format": "vlrl.gui.app/1", "generator": "hand", "level": 4, "seed": 0, "variant": "none", "width": 128,
-            "height": 128, "title": "Hand", "start_screen": 0, "goal": {"set": {"t": True}},
-            "screens": [{"name": "Home", "widgets": home}, {"name": "More", "widgets": more}]}
+        more.append(
+            {
+                "id": "save2",
+                "kind": "button",
+                "label": "Save",
+                "box": [70, 100, 120, 116],
+                "action": "save",
+                "style": "accent",
+            }
+        )
+    home = [
+        {"id": "go", "kind": "tab", "label": "More", "box": [60, 16, 120, 32], "target": 1},
+        {
+            "id": "save",
+            "kind": "button",
+            "label": "Save",
+            "box": [70, 100, 120, 116],
+            "action": "save",
+            "style": "accent",
+        },
+    ]
+    return {
+        "format": "vlrl.gui.app/1",
+        "generator": "hand",
+        "level": 4,
+        "seed": 0,
+        "variant": "none",
+        "width": 128,
+        "height": 128,
+        "title": "Hand",
+        "start_screen": 0,
+        "goal": {"set": {"t": True}},
+        "screens": [{"name": "Home", "widgets": home}, {"name": "More", "widgets": more}],
+    }
 
 
 def test_oracle_follows_tabs_back_to_save_in_hand_written_apps():
     app = App.from_json(_hand_written(tabs_back=True, save_on_second=False))
     state = AppState.initial(app)
     actions = plan(app, state, stop_required=False)
-    assert [a.kind for a in actions] == ["click"] * 4 and len(actions) == bfs_distance(app, state)  # More, Sync, Home, Save
-    dead_end = App.from_json(_hand_written(tabs_back=False, save_on_second=False))  # valid JSON, but no way back to Save
+    assert [a.kind for a in actions] == ["click"] * 4 and len(actions) == bfs_distance(
+        app, state
+    )  # More, Sync, Home, Save
+    dead_end = App.from_json(
+        _hand_written(tabs_back=False, save_on_second=False)
+    )  # valid JSON, but no way back to Save
     state = AppState.initial(dead_end)
     click(dead_end, state, dead_end.widget("go"))
     assert plan(dead_end, state) == [Action("stop")]

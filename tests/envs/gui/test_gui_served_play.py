@@ -37,11 +37,15 @@ class OracleChat:
                 self.images.append(Image.open(io.BytesIO(base64.b64decode(data))))
         text = self.env.oracle_response()
         self.env.step(text)
-        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=text))], usage=None, model=model)
+        return SimpleNamespace(
+            choices=[SimpleNamespace(message=SimpleNamespace(content=text))], usage=None, model=model
+        )
 
 
 def test_served_play_loop_on_a_level_3_app():
-    config = load_config(ROOT / "configs" / "gui-cpu.yaml", ["env.levels=[3]", "env.width=160", "env.height=160", "env.max_turns=8"])
+    config = load_config(
+        ROOT / "configs" / "gui-cpu.yaml", ["env.levels=[3]", "env.width=160", "env.height=160", "env.max_turns=8"]
+    )
     task = build_split(config.env, "holdout")[0]
     client = OracleChat(config, task)
     row, trace = play_episode(client, "gui", config, task, PlaySettings.from_config(config, True, {}))

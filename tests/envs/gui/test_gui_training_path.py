@@ -18,8 +18,15 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.fixture
 def gui_worker(ci_model_dir, tmp_path):
-    cfg = load_config(ROOT / "configs" / "gui-cpu.yaml",
-                      [f"model.path={ci_model_dir}", f"storage.root={tmp_path / 'runs'}", "runtime.backend=local", "model.lora.include_vision=false"])
+    cfg = load_config(
+        ROOT / "configs" / "gui-cpu.yaml",
+        [
+            f"model.path={ci_model_dir}",
+            f"storage.root={tmp_path / 'runs'}",
+            "runtime.backend=local",
+            "model.lora.include_vision=false",
+        ],
+    )
     return Worker(cfg, total_optimizer_steps=2)
 
 
@@ -43,5 +50,7 @@ def test_sft_transcripts_clone_the_gui_oracle(gui_worker):
     tok = gui_worker.processor.tokenizer
     texts = [tok.decode(seq.token_ids[a:b], skip_special_tokens=True) for a, b in seq.response_spans]
     assert sum(seq.loss_mask) == sum(b - a for a, b in seq.response_spans)  # the oracle's turns carry the loss
-    assert len(texts) == 1 and texts[0].startswith("<action>click(") and texts[0].endswith(")</action>")  # level 1: one click
+    assert (
+        len(texts) == 1 and texts[0].startswith("<action>click(") and texts[0].endswith(")</action>")
+    )  # level 1: one click
     assert len(seq.images) == 1

@@ -30,7 +30,8 @@ input with one VlrlError line naming the problem)::
      "width": 160, "height": 160, "title": "Settings", "start_screen": 0,
      "screens": [{"name": "Settings", "widgets": [
          {"id": "w0", "kind": "toggle", "label": "Wi-Fi", "box": [8, 32, 152, 48], "value": false},
-         {"id": "w3", "kind": "button", "label": "Save", "box": [96, 144, 144, 160], "action": "save", "style": "accent"}]}],
+         {"id": "w3", "kind": "button", "label": "Save", "box": [96, 144, 144, 160],
+          "action": "save", "style": "accent"}]}],
      "goal": {"set": {"w0": true}}}
 
 The instruction shown to the model is derived from the goal (`instruction`), never stored, so
@@ -170,7 +171,8 @@ class App:
     def layout_json(self) -> dict[str, Any]:
         """The layout: size, title and every widget's kind, label, box (and button action, tab target)."""
         return {
-            "size": [self.width, self.height], "title": self.title,
+            "size": [self.width, self.height],
+            "title": self.title,
             "screens": [{"name": s.name, "widgets": [w.layout_json() for w in s.widgets]} for s in self.screens],
         }
 
@@ -188,8 +190,14 @@ class App:
     # -- JSON --------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT, "generator": self.generator, "level": self.level, "seed": self.seed,
-            "variant": self.variant, "width": self.width, "height": self.height, "title": self.title,
+            "format": FORMAT,
+            "generator": self.generator,
+            "level": self.level,
+            "seed": self.seed,
+            "variant": self.variant,
+            "width": self.width,
+            "height": self.height,
+            "title": self.title,
             "start_screen": self.start_screen,
             "screens": [{"name": s.name, "widgets": [w.to_json() for w in s.widgets]} for s in self.screens],
             "goal": json.loads(json.dumps(self.goal)),
@@ -198,8 +206,23 @@ class App:
     @classmethod
     def from_json(cls, data: Any) -> App:
         """Read and validate the JSON form; raises VlrlError naming the first problem."""
-        _keys(data, "app JSON", {"format", "generator", "level", "seed", "variant", "width", "height", "title",
-                                 "start_screen", "screens", "goal"})
+        _keys(
+            data,
+            "app JSON",
+            {
+                "format",
+                "generator",
+                "level",
+                "seed",
+                "variant",
+                "width",
+                "height",
+                "title",
+                "start_screen",
+                "screens",
+                "goal",
+            },
+        )
         if data["format"] != FORMAT:
             raise VlrlError(f"app JSON format is {data['format']!r}; this version reads {FORMAT!r}")
         for key in ("generator", "variant", "title"):
@@ -208,12 +231,25 @@ class App:
             _check(_is_int(data[key]), f"'{key}' must be an integer, got {data[key]!r}")
         width, height = data["width"], data["height"]
         for key, side in (("width", width), ("height", height)):
-            _check(_is_int(side) and 16 <= side <= MAX_SIDE, f"'{key}' must be an integer from 16 to {MAX_SIDE}, got {side!r}")
+            _check(
+                _is_int(side) and 16 <= side <= MAX_SIDE,
+                f"'{key}' must be an integer from 16 to {MAX_SIDE}, got {side!r}",
+            )
         screens_json = data["screens"]
         _check(isinstance(screens_json, list) and screens_json, "'screens' must be a non-empty list")
         screens = tuple(_read_screen(s, i, len(screens_json), width, height) for i, s in enumerate(screens_json))
-        app = cls(data["level"], width, height, data["title"], screens, data["goal"], data["start_screen"],
-                  data["seed"], data["variant"], data["generator"])
+        app = cls(
+            data["level"],
+            width,
+            height,
+            data["title"],
+            screens,
+            data["goal"],
+            data["start_screen"],
+            data["seed"],
+            data["variant"],
+            data["generator"],
+        )
         check_app(app)
         return app
 
@@ -245,7 +281,9 @@ def _read_screen(data: Any, index: int, screens: int, width: int, height: int) -
     _keys(data, f"app JSON: screens[{index}]", {"name", "widgets"})
     _check(isinstance(data["name"], str), f"screens[{index}].name must be a string")
     _check(isinstance(data["widgets"], list), f"screens[{index}].widgets must be a list")
-    widgets = tuple(_read_widget(w, f"screens[{index}].widgets[{j}]", screens, width, height) for j, w in enumerate(data["widgets"]))
+    widgets = tuple(
+        _read_widget(w, f"screens[{index}].widgets[{j}]", screens, width, height) for j, w in enumerate(data["widgets"])
+    )
     return Screen(data["name"], widgets)
 
 
@@ -258,20 +296,44 @@ def _read_widget(data: Any, where: str, screens: int, width: int, height: int) -
     _check(isinstance(data["id"], str) and data["id"], f"{where}.id must be a non-empty string")
     _check(isinstance(data["label"], str), f"{where}.label must be a string")
     box = data["box"]
-    _check(isinstance(box, list) and len(box) == 4 and all(_is_int(v) for v in box), f"{where}.box must be [x0, y0, x1, y1] integers, got {box!r}")
+    _check(
+        isinstance(box, list) and len(box) == 4 and all(_is_int(v) for v in box),
+        f"{where}.box must be [x0, y0, x1, y1] integers, got {box!r}",
+    )
     x0, y0, x1, y1 = box
-    _check(0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height, f"{where}.box {box} is not a non-empty box inside the {width}x{height} screen")
+    _check(
+        0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height,
+        f"{where}.box {box} is not a non-empty box inside the {width}x{height} screen",
+    )
     value = data.get("value")
     if kind in ("checkbox", "toggle"):
         _check(isinstance(value, bool), f"{where}.value must be true or false, got {value!r}")
     if kind == "textfield":
-        _check(isinstance(value, str) and len(value) <= MAX_TEXT, f"{where}.value must be a string of at most {MAX_TEXT} characters")
+        _check(
+            isinstance(value, str) and len(value) <= MAX_TEXT,
+            f"{where}.value must be a string of at most {MAX_TEXT} characters",
+        )
     if kind == "button":
-        _check(data["action"] in BUTTON_ACTIONS, f"{where}.action must be one of {', '.join(BUTTON_ACTIONS)}, got {data['action']!r}")
+        _check(
+            data["action"] in BUTTON_ACTIONS,
+            f"{where}.action must be one of {', '.join(BUTTON_ACTIONS)}, got {data['action']!r}",
+        )
         _check(data["style"] in STYLES, f"{where}.style must be one of {', '.join(STYLES)}, got {data['style']!r}")
     if kind == "tab":
-        _check(_is_int(data["target"]) and 0 <= data["target"] < screens, f"{where}.target must be a screen index below {screens}, got {data['target']!r}")
-    return Widget(data["id"], kind, data["label"], (x0, y0, x1, y1), value, data.get("action"), data.get("style"), data.get("target"))
+        _check(
+            _is_int(data["target"]) and 0 <= data["target"] < screens,
+            f"{where}.target must be a screen index below {screens}, got {data['target']!r}",
+        )
+    return Widget(
+        data["id"],
+        kind,
+        data["label"],
+        (x0, y0, x1, y1),
+        value,
+        data.get("action"),
+        data.get("style"),
+        data.get("target"),
+    )
 
 
 def check_app(app: App) -> None:
@@ -283,28 +345,40 @@ def check_app(app: App) -> None:
             seen.add(w.id)
             for other in screen.widgets[:i]:
                 a, b = w.box, other.box
-                _check(a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1],
-                       f"widgets {other.id!r} and {w.id!r} on screen {s} overlap")
+                _check(
+                    a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1],
+                    f"widgets {other.id!r} and {w.id!r} on screen {s} overlap",
+                )
     _check(0 <= app.start_screen < len(app.screens), f"start_screen {app.start_screen} is not a screen")
     reachable = {s for s in range(len(app.screens)) if app.route(app.start_screen, s) is not None}
     goal = app.goal
-    _check(isinstance(goal, dict) and len(goal) == 1 and set(goal) <= {"press", "set"},
-           f"'goal' must be {{\"press\": ID}} or {{\"set\": {{ID: value, ...}}}}, got {goal!r}")
+    _check(
+        isinstance(goal, dict) and len(goal) == 1 and set(goal) <= {"press", "set"},
+        f'\'goal\' must be {{"press": ID}} or {{"set": {{ID: value, ...}}}}, got {goal!r}',
+    )
     if "press" in goal:
         target = goal["press"]
-        _check(target in seen and app.widget(target).kind == "button" and app.widget(target).action == "press",
-               f"goal: press target {target!r} is not a plain (action press) button")
+        _check(
+            target in seen and app.widget(target).kind == "button" and app.widget(target).action == "press",
+            f"goal: press target {target!r} is not a plain (action press) button",
+        )
         _check(app.screen_of(target) in reachable, f"goal: no tabs lead from the start screen to {target!r}")
         return
     changes = goal["set"]
     _check(isinstance(changes, dict) and changes, "goal: 'set' must be a non-empty object {ID: value}")
     for wid, value in changes.items():
-        _check(wid in seen and app.widget(wid).kind in FIELD_KINDS, f"goal: {wid!r} is not a checkbox, toggle or text field")
+        _check(
+            wid in seen and app.widget(wid).kind in FIELD_KINDS,
+            f"goal: {wid!r} is not a checkbox, toggle or text field",
+        )
         kind = app.widget(wid).kind
         ok = isinstance(value, bool) if kind != "textfield" else isinstance(value, str) and len(value) <= MAX_TEXT
         _check(ok, f"goal: value {value!r} does not fit the {kind} {wid!r}")
         _check(app.screen_of(wid) in reachable, f"goal: no tabs lead from the start screen to {wid!r}")
-    _check(any(app.buttons(s, "save") for s in reachable), "goal: a 'set' goal needs a save button on a screen the tabs reach")
+    _check(
+        any(app.buttons(s, "save") for s in reachable),
+        "goal: a 'set' goal needs a save button on a screen the tabs reach",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,10 +400,22 @@ class AppState:
         return cls(app.start_screen, app.initial_values())
 
     def copy(self) -> AppState:
-        return AppState(self.screen, dict(self.values), None if self.saved is None else dict(self.saved), list(self.pressed), self.focus)
+        return AppState(
+            self.screen,
+            dict(self.values),
+            None if self.saved is None else dict(self.saved),
+            list(self.pressed),
+            self.focus,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"screen": self.screen, "values": dict(self.values), "saved": self.saved, "pressed": list(self.pressed), "focus": self.focus}
+        return {
+            "screen": self.screen,
+            "values": dict(self.values),
+            "saved": self.saved,
+            "pressed": list(self.pressed),
+            "focus": self.focus,
+        }
 
 
 def click(app: App, state: AppState, widget: Widget) -> str:
@@ -424,7 +510,9 @@ def describe_screen(app: App, state: AppState) -> str:
         elif w.kind == "tab":
             shown = "(shown)" if w.target == state.screen else ""
         else:
-            shown = " ".join(word for word, on in (("highlighted", w.style == "accent"), ("pressed", w.id in state.pressed)) if on)
+            shown = " ".join(
+                word for word, on in (("highlighted", w.style == "accent"), ("pressed", w.id in state.pressed)) if on
+            )
         cx, cy = w.centre()
         lines.append(f"  {w.kind} {w.label!r} {shown} box {list(w.box)} centre ({cx}, {cy})".replace("  box", " box"))
     return "\n".join(lines)

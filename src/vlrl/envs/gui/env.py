@@ -23,14 +23,24 @@ from typing import Any
 
 from vlrl.envs.base import Observation, StepResult, Task, register_env
 from vlrl.envs.gui.actions import format_action, parse_action
-from vlrl.envs.gui.app import App, AppState, Widget, click, describe_screen, goal_holds, instruction, subgoal_potential, type_text
+from vlrl.envs.gui.app import (
+    App,
+    AppState,
+    Widget,
+    click,
+    describe_screen,
+    goal_holds,
+    instruction,
+    subgoal_potential,
+    type_text,
+)
 from vlrl.envs.gui.config import GuiEnvConfig
 from vlrl.envs.gui.generate import GENERATOR_VERSION
 from vlrl.envs.gui.oracle import optimal_turns, plan
 from vlrl.envs.gui.render import render
 from vlrl.envs.gui.rewards import turn_reward
-from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.envs.gui.splits import SPLIT_RULE, Split, adhoc_task, app_for_task, gui_split_version, train_overlap
+from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.errors import VlrlError
 
 TRACE_FORMAT = "vlrl.gui.trace/1"
@@ -38,7 +48,7 @@ TRACE_FORMAT = "vlrl.gui.trace/1"
 # -- fixed texts (templates are filled with labels, coordinates and sizes) --------------------
 SYSTEM_PROMPT = "You are using an app. Each turn you see a screenshot and answer with one action."
 ACTION_CHOICES = (
-    'Answer with <action>click(x, y)</action> (x, y in pixels from the top left), '
+    "Answer with <action>click(x, y)</action> (x, y in pixels from the top left), "
     '<action>type("text")</action> (into the focused text field) or <action>stop</action> when done.'
 )
 SCREEN_SIZE = "The screen is {width}x{height} pixels."
@@ -51,8 +61,10 @@ LABELLED_PRESS_FEEDBACK = 'Pressed "{label}".'
 SAVE_FEEDBACK = 'Pressed "{label}": saved.'
 CANCEL_FEEDBACK = 'Pressed "{label}": changes undone.'
 FLIP_FEEDBACK = {
-    ("toggle", True): 'Turned on "{label}".', ("toggle", False): 'Turned off "{label}".',
-    ("checkbox", True): 'Checked "{label}".', ("checkbox", False): 'Unchecked "{label}".',
+    ("toggle", True): 'Turned on "{label}".',
+    ("toggle", False): 'Turned off "{label}".',
+    ("checkbox", True): 'Checked "{label}".',
+    ("checkbox", False): 'Unchecked "{label}".',
 }
 FOCUS_FEEDBACK = 'The "{label}" field is focused.'
 TYPE_FEEDBACK = 'Typed "{text}" into "{label}".'
@@ -63,9 +75,25 @@ DONE_FEEDBACK = "The task is done."
 OUT_OF_TURNS_FEEDBACK = "Out of turns."
 
 PROMPT_TEXTS: list[str] = [
-    SYSTEM_PROMPT, ACTION_CHOICES, SCREEN_SIZE, INVALID_FEEDBACK, OUTSIDE_FEEDBACK, NO_FOCUS_FEEDBACK, MISS_FEEDBACK,
-    PRESS_FEEDBACK, LABELLED_PRESS_FEEDBACK, SAVE_FEEDBACK, CANCEL_FEEDBACK, *FLIP_FEEDBACK.values(), FOCUS_FEEDBACK,
-    TYPE_FEEDBACK, TAB_FEEDBACK, STOP_DONE_FEEDBACK, STOP_NOT_DONE_FEEDBACK, DONE_FEEDBACK, OUT_OF_TURNS_FEEDBACK,
+    SYSTEM_PROMPT,
+    ACTION_CHOICES,
+    SCREEN_SIZE,
+    INVALID_FEEDBACK,
+    OUTSIDE_FEEDBACK,
+    NO_FOCUS_FEEDBACK,
+    MISS_FEEDBACK,
+    PRESS_FEEDBACK,
+    LABELLED_PRESS_FEEDBACK,
+    SAVE_FEEDBACK,
+    CANCEL_FEEDBACK,
+    *FLIP_FEEDBACK.values(),
+    FOCUS_FEEDBACK,
+    TYPE_FEEDBACK,
+    TAB_FEEDBACK,
+    STOP_DONE_FEEDBACK,
+    STOP_NOT_DONE_FEEDBACK,
+    DONE_FEEDBACK,
+    OUT_OF_TURNS_FEEDBACK,
 ]
 
 
@@ -124,29 +152,46 @@ class GuiEnv:
     @classmethod
     def adhoc_task(cls, config: GuiEnvConfig, seed: int) -> Task:
         """A task outside any split: the app of `seed` at the config's first level, size and theme."""
-        return adhoc_task(config.levels[0], seed, width=config.width, height=config.height, theme=config.theme,
-                          distractors=config.distractors)
+        return adhoc_task(
+            config.levels[0],
+            seed,
+            width=config.width,
+            height=config.height,
+            theme=config.theme,
+            distractors=config.distractors,
+        )
 
     @classmethod
     def describe_task(cls, task: Task) -> dict[str, str]:
         """Columns of `vlrl env split`: variant, size, screens, widgets, optimal turns (with stop)."""
         app = app_for_task(task)
         return {
-            "variant": str(task.params.get("variant", "none")), "screen": f"{app.width}x{app.height}",
-            "screens": str(len(app.screens)), "widgets": str(sum(len(s.widgets) for s in app.screens)),
+            "variant": str(task.params.get("variant", "none")),
+            "screen": f"{app.width}x{app.height}",
+            "screens": str(len(app.screens)),
+            "widgets": str(sum(len(s.widgets) for s in app.screens)),
             "optimal turns": str(optimal_turns(app)),
         }
 
     @classmethod
     def data_lineage(cls, config: GuiEnvConfig) -> dict[str, Any]:
         """The env's facts for the run's data lineage: split rule, levels, screen size, distractors."""
-        return {"split_rule": SPLIT_RULE, "levels": list(config.levels), "screen": [config.width, config.height],
-                "distractors": list(config.distractors), "theme": config.theme}
+        return {
+            "split_rule": SPLIT_RULE,
+            "levels": list(config.levels),
+            "screen": [config.width, config.height],
+            "distractors": list(config.distractors),
+            "theme": config.theme,
+        }
 
     @classmethod
     def reward_spec(cls, config: GuiEnvConfig) -> dict[str, Any]:
         """What decides rewards and success: the reward terms, whether `stop` is required, the turn limit."""
-        return {"rewards": config.rewards.model_dump(mode="json"), "stop_required": config.stop_required, "max_turns": config.max_turns}
+        return {
+            "rewards": config.rewards.model_dump(mode="json"),
+            "stop_required": config.stop_required,
+            "max_turns": config.max_turns,
+        }
 
     # -- episode ------------------------------------------------------------------------------
     def reset(self, task: Task) -> Observation:
@@ -225,16 +270,36 @@ class GuiEnv:
         if truncated:
             self.done = True
             feedback = f"{feedback} {OUT_OF_TURNS_FEEDBACK}"
-        reward = turn_reward(cfg.rewards, invalid=invalid, misclick=misclick, potential_before=before,
-                             potential_after=subgoal_potential(app, state), success=self.success)
+        reward = turn_reward(
+            cfg.rewards,
+            invalid=invalid,
+            misclick=misclick,
+            potential_before=before,
+            potential_after=subgoal_potential(app, state),
+            success=self.success,
+        )
         self.episode_return += reward
-        self.turns.append({
-            "response": action_text, "action": None if action is None else format_action(action), "valid": not invalid,
-            "effect": effect, "widget": widget_id, "reward": reward, "feedback": feedback, "screen": state.screen,
-        })
+        self.turns.append(
+            {
+                "response": action_text,
+                "action": None if action is None else format_action(action),
+                "valid": not invalid,
+                "effect": effect,
+                "widget": widget_id,
+                "reward": reward,
+                "feedback": feedback,
+                "screen": state.screen,
+            }
+        )
         info = {
-            "action": self.turns[-1]["action"], "valid": not invalid, "effect": effect, "widget": widget_id,
-            "success": self.success, "feedback": feedback, "turn": len(self.turns), "truncated": truncated,
+            "action": self.turns[-1]["action"],
+            "valid": not invalid,
+            "effect": effect,
+            "widget": widget_id,
+            "success": self.success,
+            "feedback": feedback,
+            "turn": len(self.turns),
+            "truncated": truncated,
         }
         observation = None if self.done else Observation(self._images(), feedback)
         return StepResult(observation, reward, self.done, info)

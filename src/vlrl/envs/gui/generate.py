@@ -38,13 +38,53 @@ MIN_SIZE = {1: (48, 48), 2: (128, 96), 3: (128, 96), 4: (160, 128)}
 
 TITLES = ("Settings", "Profile", "Mail", "Music", "Photos", "Notes", "Clock", "Maps", "Files", "Chat", "Health", "Shop")
 CONTROL_LABELS = (
-    "Dark mode", "Wi-Fi", "Bluetooth", "Sounds", "Auto save", "Sync", "Location", "Alerts", "Backup", "Updates",
-    "Vibrate", "Autoplay", "Captions", "Night light", "Roaming", "Hotspot", "Airplane", "Cookies", "Reminders", "Zoom",
+    "Dark mode",
+    "Wi-Fi",
+    "Bluetooth",
+    "Sounds",
+    "Auto save",
+    "Sync",
+    "Location",
+    "Alerts",
+    "Backup",
+    "Updates",
+    "Vibrate",
+    "Autoplay",
+    "Captions",
+    "Night light",
+    "Roaming",
+    "Hotspot",
+    "Airplane",
+    "Cookies",
+    "Reminders",
+    "Zoom",
 )
 FIELD_LABELS = ("Name", "City", "Email", "Phone", "Title", "Team", "Code", "Nick", "Street", "Country", "Job", "Pet")
 WORDS = (
-    "Ada", "Paris", "blue", "Oslo", "Lima", "Kyoto", "Rome", "Max", "Zoe", "Leo", "red", "green", "1234", "2048",
-    "Berlin", "Milo", "Nora", "Cairo", "Quito", "Ivy", "Sam", "tea", "Luna", "Bob",
+    "Ada",
+    "Paris",
+    "blue",
+    "Oslo",
+    "Lima",
+    "Kyoto",
+    "Rome",
+    "Max",
+    "Zoe",
+    "Leo",
+    "red",
+    "green",
+    "1234",
+    "2048",
+    "Berlin",
+    "Milo",
+    "Nora",
+    "Cairo",
+    "Quito",
+    "Ivy",
+    "Sam",
+    "tea",
+    "Luna",
+    "Bob",
 )
 TAB_NAMES = ("General", "Privacy", "Sound", "Display", "Account", "Network", "Storage")
 SAVE, CANCEL = "Save", "Cancel"
@@ -107,7 +147,9 @@ class _Ids:
         return f"w{self.n - 1}"
 
 
-def generate_app(level: int, width: int, height: int, seed: int, *, attempt: int = 0, distractors: tuple[int, int] = (2, 4)) -> App:
+def generate_app(
+    level: int, width: int, height: int, seed: int, *, attempt: int = 0, distractors: tuple[int, int] = (2, 4)
+) -> App:
     """The app of (level, size, seed, attempt) with a distractor count drawn from `distractors`."""
     check_size(level, width, height)
     rng = Rng(f"{GENERATOR_VERSION}:{level}:{width}x{height}:{seed}:{attempt}")
@@ -152,14 +194,22 @@ def _control(rng: Rng, ids: _Ids, kind: str, label: str, y: int, width: int) -> 
     if kind == "toggle":  # label left, switch at the right end; the whole row is clickable
         return Widget(ids(), "toggle", label, (MARGIN, y, width - MARGIN, y + GRID), value=bool(rng.below(2)))
     if kind == "checkbox":  # box then label, both clickable
-        return Widget(ids(), "checkbox", label, (MARGIN, y, MARGIN + GRID + text_px(label) + 4, y + GRID), value=bool(rng.below(2)))
+        return Widget(
+            ids(),
+            "checkbox",
+            label,
+            (MARGIN, y, MARGIN + GRID + text_px(label) + 4, y + GRID),
+            value=bool(rng.below(2)),
+        )
     label_end = MARGIN + max(text_px(name) for name in FIELD_LABELS) + 4
     x0 = max(label_end, width - MARGIN - 80)
     value = rng.choice(WORDS) if rng.below(2) else ""
     return Widget(ids(), "textfield", label, (x0, y, width - MARGIN, y + GRID), value=value)
 
 
-def _controls(rng: Rng, ids: _Ids, kinds: list[str], labels: dict[str, list[str]], top: int, width: int) -> list[Widget]:
+def _controls(
+    rng: Rng, ids: _Ids, kinds: list[str], labels: dict[str, list[str]], top: int, width: int
+) -> list[Widget]:
     return [_control(rng, ids, kind, labels[kind].pop(), top + i * GRID, width) for i, kind in enumerate(kinds)]
 
 
@@ -208,12 +258,17 @@ def _level4(rng: Rng, width: int, height: int, n: int) -> tuple[str, list[Screen
     tab_w = (width - 2 * MARGIN) // len(names)
     top = 3 * GRID
     count = min(1 + n, _rows(height, top))
-    labels = {"toggle": rng.sample(CONTROL_LABELS, count * len(names)), "textfield": rng.sample(FIELD_LABELS, count * len(names))}
+    labels = {
+        "toggle": rng.sample(CONTROL_LABELS, count * len(names)),
+        "textfield": rng.sample(FIELD_LABELS, count * len(names)),
+    }
     labels["checkbox"] = labels["toggle"]
     screens = []
     for name in names:
-        tabs = [Widget(ids(), "tab", tab, (MARGIN + i * tab_w, GRID, MARGIN + (i + 1) * tab_w, 2 * GRID), target=i)
-                for i, tab in enumerate(names)]
+        tabs = [
+            Widget(ids(), "tab", tab, (MARGIN + i * tab_w, GRID, MARGIN + (i + 1) * tab_w, 2 * GRID), target=i)
+            for i, tab in enumerate(names)
+        ]
         kinds = [rng.choice(("toggle", "checkbox", "textfield")) for _ in range(count)]
         widgets = tabs + _controls(rng, ids, kinds, labels, top, width) + _footer(rng, ids, width, height)
         screens.append(Screen(name, tuple(widgets)))
@@ -252,4 +307,15 @@ def apply_moved(app: App, seed: int) -> App:
             box = (x0 + dx, y0 + dy, min(x1 + dx, app.width), min(y1 + dy, app.height))
             widgets.append(Widget(w.id, w.kind, w.label, box, w.value, w.action, w.style, w.target))
         screens.append(Screen(screen.name, tuple(widgets)))
-    return App(app.level, app.width, app.height, app.title, tuple(screens), app.goal, app.start_screen, app.seed, "moved", app.generator)
+    return App(
+        app.level,
+        app.width,
+        app.height,
+        app.title,
+        tuple(screens),
+        app.goal,
+        app.start_screen,
+        app.seed,
+        "moved",
+        app.generator,
+    )

@@ -8,7 +8,8 @@ saved state already is the target. Cancel (one click) puts every field back to t
 initial values; the oracle takes it when that makes the rest shorter. So the plan is a shortest
 one: each pending field, screen change and Save is needed, and nothing else is done. For a
 `press` goal it is one click on the target (none once pressed; a wrong press cannot be undone
-and the plan is then just to stop, as it is whenever the goal cannot be reached any more). `stop` ends the plan when the env requires it.
+and the plan is then just to stop, as it is whenever the goal cannot be reached any more). `stop` ends the plan when the
+env requires it.
 
 Clicks go to a widget's box centre (`Widget.centre`). Generated apps have a tab to every screen on
 every screen; a hand-written app may link its screens otherwise, and the oracle then follows the
@@ -53,7 +54,9 @@ def _fix_fields(app: App, state: AppState) -> list[Action] | None:
             else:
                 actions.append(_click(w))
     if not app.buttons(screen, "save"):  # hand-written apps: go to the nearest screen with Save
-        routes = [r for s in range(len(app.screens)) if app.buttons(s, "save") and (r := app.route(screen, s)) is not None]
+        routes = [
+            r for s in range(len(app.screens)) if app.buttons(s, "save") and (r := app.route(screen, s)) is not None
+        ]
         if not routes:
             return None
         route = min(routes, key=len)

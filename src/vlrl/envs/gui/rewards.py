@@ -19,7 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def turn_reward(rewards: Any, *, invalid: bool, misclick: bool, potential_before: int, potential_after: int, success: bool) -> float:
+def turn_reward(
+    rewards: Any, *, invalid: bool, misclick: bool, potential_before: int, potential_after: int, success: bool
+) -> float:
     """Reward of one turn (see the module docstring for each term)."""
     total = rewards.step_cost
     if invalid:

@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from vlrl.envs.lazy_split import LazySplit
 from vlrl.envs.base import Task
 from vlrl.envs.gui.app import App
 from vlrl.envs.gui.generate import GENERATOR_VERSION, apply_moved, generate_app
 from vlrl.envs.gui.render import THEMES
+from vlrl.envs.lazy_split import LazySplit
 from vlrl.errors import VlrlError
 
 SPLIT_RULE = "layout16-v1"
@@ -63,8 +63,13 @@ def _variants(config: Any) -> list[dict[str, Any]]:
 def _params(config: Any, split: str, index: int) -> dict[str, Any]:
     levels = config.levels
     params: dict[str, Any] = {
-        "level": levels[index % len(levels)], "width": config.width, "height": config.height,
-        "distractors": list(config.distractors), "theme": config.theme, "variant": "none", "moved": False,
+        "level": levels[index % len(levels)],
+        "width": config.width,
+        "height": config.height,
+        "distractors": list(config.distractors),
+        "theme": config.theme,
+        "variant": "none",
+        "moved": False,
     }
     if split == "adversarial":
         variants = _variants(config)
@@ -74,7 +79,14 @@ def _params(config: Any, split: str, index: int) -> dict[str, Any]:
 
 
 def _base_app(seed: int, params: dict[str, Any], attempt: int) -> App:
-    return generate_app(params["level"], params["width"], params["height"], seed, attempt=attempt, distractors=tuple(params["distractors"]))
+    return generate_app(
+        params["level"],
+        params["width"],
+        params["height"],
+        seed,
+        attempt=attempt,
+        distractors=tuple(params["distractors"]),
+    )
 
 
 def app_for_params(seed: int, params: dict[str, Any]) -> App:
@@ -99,7 +111,10 @@ def make_task(config: Any, split: str, index: int, used: set[tuple[str, str]] | 
                 continue
             used.add(key)
         return Task(config.name, split, index, seed, {**params, "attempt": attempt})
-    raise VlrlError(f"env.{split}: task {index} found no new level-{params['level']} app in {MAX_ATTEMPTS} attempts; lower env.{split}.count")
+    raise VlrlError(
+        f"env.{split}: task {index} found no new level-{params['level']} app in {MAX_ATTEMPTS} attempts; lower "
+        f"env.{split}.count"
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -127,9 +142,14 @@ def train_overlap(tasks: Sequence[Task]) -> list[Task]:
 def gui_split_version(config: Any, split: str) -> str:
     """12-hex-digit hash of everything that decides a split's tasks."""
     spec: dict[str, Any] = {
-        "rule": SPLIT_RULE, "generator": GENERATOR_VERSION, "split": split,
-        "seed_start": getattr(config, split).seed_start, "count": getattr(config, split).count,
-        "levels": list(config.levels), "size": [config.width, config.height], "distractors": list(config.distractors),
+        "rule": SPLIT_RULE,
+        "generator": GENERATOR_VERSION,
+        "split": split,
+        "seed_start": getattr(config, split).seed_start,
+        "count": getattr(config, split).count,
+        "levels": list(config.levels),
+        "size": [config.width, config.height],
+        "distractors": list(config.distractors),
         "theme": config.theme,
     }
     if split == "adversarial":
@@ -144,11 +164,27 @@ class Split(LazySplit):
         super().__init__(config, split, gui_split_version, make_task)
 
 
-def adhoc_task(level: int, seed: int, *, width: int = 128, height: int = 128, theme: str = "light",
-               distractors: tuple[int, int] = (2, 4), moved: bool = False) -> Task:
+def adhoc_task(
+    level: int,
+    seed: int,
+    *,
+    width: int = 128,
+    height: int = 128,
+    theme: str = "light",
+    distractors: tuple[int, int] = (2, 4),
+    moved: bool = False,
+) -> Task:
     """A task outside any split (split name `adhoc`), e.g. to render or play one app by seed."""
-    params = {"level": level, "width": width, "height": height, "distractors": list(distractors), "theme": theme,
-              "variant": "moved" if moved else "none", "moved": moved, "attempt": 0}
+    params = {
+        "level": level,
+        "width": width,
+        "height": height,
+        "distractors": list(distractors),
+        "theme": theme,
+        "variant": "moved" if moved else "none",
+        "moved": moved,
+        "attempt": 0,
+    }
     task = Task("gui", "adhoc", 0, seed, params)
     app_for_task(task)  # raises on impossible params
     return task

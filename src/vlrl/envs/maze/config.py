@@ -17,9 +17,13 @@ from vlrl.sections import Section
 class RewardConfig(Section):
     success: float = Field(1.0, description="Terminal reward when the episode ends on the goal (the reference reward).")
     progress: float = Field(
-        0.0, ge=0, description="Shaping: reward per cell of BFS distance gained towards the goal (negative when moving away)."
+        0.0,
+        ge=0,
+        description="Shaping: reward per cell of BFS distance gained towards the goal (negative when moving away).",
     )
-    invalid_action: float = Field(0.0, le=0, description="Penalty (<= 0) for a turn whose output has no parseable action.")
+    invalid_action: float = Field(
+        0.0, le=0, description="Penalty (<= 0) for a turn whose output has no parseable action."
+    )
     wall_bump: float = Field(0.0, le=0, description="Penalty (<= 0) for trying to move into a wall.")
     step_cost: float = Field(0.0, le=0, description="Cost (<= 0) added on every turn, to prefer short paths.")
 
@@ -36,7 +40,9 @@ class AdversarialConfig(Section):
         default_factory=lambda: ["mirror", "rotate90", "rotate180", "rotate270"],
         description="Geometric transforms of the maze (the action meanings stay those of the image).",
     )
-    extra_sizes: list[int] = Field(default_factory=list, description="Sizes larger than trained on, added to the split.")
+    extra_sizes: list[int] = Field(
+        default_factory=list, description="Sizes larger than trained on, added to the split."
+    )
 
 
 class MazeEnvConfig(EnvConfigBase):
@@ -44,7 +50,10 @@ class MazeEnvConfig(EnvConfigBase):
 
     name: str = Field(
         "maze",
-        description="`maze` (multi-turn, one action per turn), `maze_plan` (single turn, whole path), or an env registered from a subclass of theirs.",
+        description=(
+            "`maze` (multi-turn, one action per turn), `maze_plan` (single turn, whole path), or an env registered "
+            "from a subclass of theirs."
+        ),
     )
     sizes: list[int] = Field(default_factory=lambda: [5], description="Maze sizes N (NxN cells) sampled for training.")
     layout: Literal["cells", "blocks"] = Field(
@@ -64,7 +73,9 @@ class MazeEnvConfig(EnvConfigBase):
     min_distance: int = Field(2, ge=1, description="With random placement: minimum BFS distance from start to goal.")
     max_turns: int = Field(18, ge=1, le=256, description="Episode length limit in model turns (reference: 18).")
     stop_required: bool = Field(
-        True, description="The episode succeeds only when the agent says `stop` on the goal (reference); False ends it on arrival."
+        True,
+        description="The episode succeeds only when the agent says `stop` on the goal (reference); False ends it on "
+        "arrival.",
     )
     end_when_lost: bool = Field(
         False,
@@ -77,19 +88,23 @@ class MazeEnvConfig(EnvConfigBase):
         ),
     )
     rewards: RewardConfig = Field(default_factory=RewardConfig, description="Reward terms.")
-    train: MazeSplitConfig = Field(default_factory=lambda: MazeSplitConfig(seed_start=0, count=100_000), description="Training tasks.")
+    train: MazeSplitConfig = Field(
+        default_factory=lambda: MazeSplitConfig(seed_start=0, count=100_000), description="Training tasks."
+    )
     holdout: MazeSplitConfig = Field(
-        default_factory=lambda: MazeSplitConfig(seed_start=10_000_000, count=200), description="Held-out evaluation tasks."
+        default_factory=lambda: MazeSplitConfig(seed_start=10_000_000, count=200),
+        description="Held-out evaluation tasks.",
     )
     adversarial: MazeSplitConfig = Field(
-        default_factory=lambda: MazeSplitConfig(seed_start=20_000_000, count=200), description="Adversarial evaluation tasks."
+        default_factory=lambda: MazeSplitConfig(seed_start=20_000_000, count=200),
+        description="Adversarial evaluation tasks.",
     )
     adversarial_variants: AdversarialConfig = Field(
         default_factory=AdversarialConfig, description="How adversarial tasks differ from training ones."
     )
 
     @model_validator(mode="after")
-    def _check_sizes(self) -> "MazeEnvConfig":
+    def _check_sizes(self) -> MazeEnvConfig:
         for n in self.sizes:
             if not 3 <= n <= 64:
                 raise ValueError(f"maze size {n} is out of range: sizes must be between 3 and 64")

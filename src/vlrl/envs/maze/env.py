@@ -33,14 +33,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.base import SPLITS, Observation, StepResult, Task, register_env
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import GENERATOR_VERSION, MOVES, Maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
 from vlrl.envs.maze.render import ascii_maze, render
 from vlrl.envs.maze.rewards import turn_reward
 from vlrl.envs.maze.splits import (
-    SPLIT_RULE, adhoc_task, build_maze_split, maze_content_hash, maze_for_task, maze_split_version, train_overlap,
+    SPLIT_RULE,
+    adhoc_task,
+    build_maze_split,
+    maze_content_hash,
+    maze_for_task,
+    maze_split_version,
+    train_overlap,
 )
 from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.errors import VlrlError
@@ -49,7 +55,8 @@ TRACE_FORMAT = "vlrl.trace/1"
 
 # -- fixed texts (all of them are in PROMPT_TEXTS) ---------------------------------------------
 ACTION_CHOICES = (
-    "Answer with <action>up</action>, <action>down</action>, <action>left</action>, <action>right</action> or <action>stop</action>."
+    "Answer with <action>up</action>, <action>down</action>, <action>left</action>, <action>right</action> or "
+    "<action>stop</action>."
 )
 SYSTEM_PROMPT = "You are playing a maze game. Each turn you see the maze and answer with one action."
 INSTRUCTION = f"You are the blue circle. Reach the red square, then stop. {ACTION_CHOICES}"
@@ -82,10 +89,27 @@ LOOK_WRONG_FEEDBACK = "Those are not the open moves."
 LOOK_INVALID_FEEDBACK = "Invalid answer. Answer with the open moves, each once, e.g. <answer>up left</answer>."
 
 PROMPT_TEXTS: list[str] = [
-    SYSTEM_PROMPT, INSTRUCTION, INSTRUCTION_NO_STOP, *MOVED_FEEDBACK.values(), *WALL_FEEDBACK.values(), INVALID_FEEDBACK,
-    STOP_ON_GOAL_FEEDBACK, STOP_OFF_GOAL_FEEDBACK, REACHED_GOAL_FEEDBACK, OUT_OF_TURNS_FEEDBACK, LOST_FEEDBACK,
-    PLAN_SYSTEM_PROMPT, PLAN_INSTRUCTION, PLAN_SUCCESS_FEEDBACK, PLAN_FAIL_FEEDBACK, PLAN_INVALID_FEEDBACK,
-    LOOK_SYSTEM_PROMPT, LOOK_INSTRUCTION, LOOK_RIGHT_FEEDBACK, LOOK_WRONG_FEEDBACK, LOOK_INVALID_FEEDBACK,
+    SYSTEM_PROMPT,
+    INSTRUCTION,
+    INSTRUCTION_NO_STOP,
+    *MOVED_FEEDBACK.values(),
+    *WALL_FEEDBACK.values(),
+    INVALID_FEEDBACK,
+    STOP_ON_GOAL_FEEDBACK,
+    STOP_OFF_GOAL_FEEDBACK,
+    REACHED_GOAL_FEEDBACK,
+    OUT_OF_TURNS_FEEDBACK,
+    LOST_FEEDBACK,
+    PLAN_SYSTEM_PROMPT,
+    PLAN_INSTRUCTION,
+    PLAN_SUCCESS_FEEDBACK,
+    PLAN_FAIL_FEEDBACK,
+    PLAN_INVALID_FEEDBACK,
+    LOOK_SYSTEM_PROMPT,
+    LOOK_INSTRUCTION,
+    LOOK_RIGHT_FEEDBACK,
+    LOOK_WRONG_FEEDBACK,
+    LOOK_INVALID_FEEDBACK,
     *(f"<action>{a}</action>" for a in (*MOVES, "stop")),
     "<answer>" + " ".join(MOVES) + "</answer>",
 ]
@@ -153,14 +177,20 @@ class _MazeEpisode:
     @classmethod
     def data_lineage(cls, config: MazeEnvConfig) -> dict[str, Any]:
         """What a run's lineage records about the maze data besides seeds: layout, split rule, sizes."""
-        return {"layout": config.layout, "split_rule": SPLIT_RULE,
-                "splits": {split: {"sizes": list(getattr(config, split).sizes or config.sizes)} for split in SPLITS}}
+        return {
+            "layout": config.layout,
+            "split_rule": SPLIT_RULE,
+            "splits": {split: {"sizes": list(getattr(config, split).sizes or config.sizes)} for split in SPLITS},
+        }
 
     @classmethod
     def reward_spec(cls, config: MazeEnvConfig) -> dict[str, Any]:
         """What decides rewards and success: the reward terms, `stop_required` and the turn limit."""
-        spec = {"rewards": config.rewards.model_dump(mode="json"), "stop_required": config.stop_required,
-                "max_turns": config.max_turns}
+        spec = {
+            "rewards": config.rewards.model_dump(mode="json"),
+            "stop_required": config.stop_required,
+            "max_turns": config.max_turns,
+        }
         if config.end_when_lost:  # only when on, so the specs (and lineage hashes) of runs without it stay as they were
             spec["end_when_lost"] = True
         return spec
@@ -169,16 +199,26 @@ class _MazeEpisode:
     def adhoc_task(cls, config: MazeEnvConfig, seed: int) -> Task:
         """A maze outside any split (`vlrl env render/play --seed`): the first of env.sizes, the
         config's layout and placement, the default theme."""
-        return adhoc_task(config.sizes[0], seed, env=cls.name, placement=config.placement,
-                          min_distance=config.min_distance, layout=config.layout)
+        return adhoc_task(
+            config.sizes[0],
+            seed,
+            env=cls.name,
+            placement=config.placement,
+            min_distance=config.min_distance,
+            layout=config.layout,
+        )
 
     @classmethod
     def describe_task(cls, task: Task) -> dict[str, str]:
         """Columns of `vlrl env split`: variant, start, goal and the shortest path's moves."""
         maze = maze_for_task(task)
         moves = distances_to(maze, maze.goal)[maze.start[0]][maze.start[1]]
-        return {"variant": str(task.params.get("variant", "-")), "start": str(list(maze.start)),
-                "goal": str(list(maze.goal)), "moves": str(moves)}
+        return {
+            "variant": str(task.params.get("variant", "-")),
+            "start": str(list(maze.start)),
+            "goal": str(list(maze.goal)),
+            "moves": str(moves),
+        }
 
     @classmethod
     def train_overlap(cls, config: MazeEnvConfig, tasks: list[Task]) -> list[Task]:
@@ -318,18 +358,36 @@ class MazeEnv(_MazeEpisode):
             self.done = self.lost = True
             feedback = f"{feedback} {LOST_FEEDBACK}"
         reward = turn_reward(
-            cfg.rewards, valid=action is not None, bumps=int(bumped),
-            distance_before=before, distance_after=self._distance(), success=self.success,
+            cfg.rewards,
+            valid=action is not None,
+            bumps=int(bumped),
+            distance_before=before,
+            distance_after=self._distance(),
+            success=self.success,
         )
         self.episode_return += reward
-        self.turns.append({
-            "response": action_text, "action": action, "valid": action is not None, "bumped": bumped,
-            "reward": reward, "feedback": feedback, "position": list(self.pos),
-        })
+        self.turns.append(
+            {
+                "response": action_text,
+                "action": action,
+                "valid": action is not None,
+                "bumped": bumped,
+                "reward": reward,
+                "feedback": feedback,
+                "position": list(self.pos),
+            }
+        )
         info = {
-            "action": action, "valid": action is not None, "bumped": bumped, "success": self.success,
-            "feedback": feedback, "position": list(self.pos), "distance": self._distance(),
-            "turn": len(self.turns), "truncated": truncated, "lost": lost,
+            "action": action,
+            "valid": action is not None,
+            "bumped": bumped,
+            "success": self.success,
+            "feedback": feedback,
+            "position": list(self.pos),
+            "distance": self._distance(),
+            "turn": len(self.turns),
+            "truncated": truncated,
+            "lost": lost,
         }
         observation = None if self.done else Observation(self._images(), feedback)
         return StepResult(observation, reward, self.done, info)
@@ -386,18 +444,37 @@ class MazePlanEnv(_MazeEpisode):
         self.wall_bumps += bumps
         self.done = True
         reward = turn_reward(
-            self.config.rewards, valid=plan is not None, bumps=bumps, distance_before=before,
-            distance_after=self._distance(), success=self.success, steps=len(plan) if plan else 1,
+            self.config.rewards,
+            valid=plan is not None,
+            bumps=bumps,
+            distance_before=before,
+            distance_after=self._distance(),
+            success=self.success,
+            steps=len(plan) if plan else 1,
         )
         self.episode_return += reward
-        self.turns.append({
-            "response": action_text, "plan": plan, "valid": plan is not None, "bumps": bumps,
-            "reward": reward, "feedback": feedback, "position": list(self.pos),
-        })
+        self.turns.append(
+            {
+                "response": action_text,
+                "plan": plan,
+                "valid": plan is not None,
+                "bumps": bumps,
+                "reward": reward,
+                "feedback": feedback,
+                "position": list(self.pos),
+            }
+        )
         info = {
-            "action": None if plan is None else " ".join(plan), "valid": plan is not None, "bumped": bumps > 0,
-            "bumps": bumps, "success": self.success, "feedback": feedback, "position": list(self.pos),
-            "distance": self._distance(), "turn": 1, "truncated": False,
+            "action": None if plan is None else " ".join(plan),
+            "valid": plan is not None,
+            "bumped": bumps > 0,
+            "bumps": bumps,
+            "success": self.success,
+            "feedback": feedback,
+            "position": list(self.pos),
+            "distance": self._distance(),
+            "turn": 1,
+            "truncated": False,
         }
         return StepResult(None, reward, True, info)
 
@@ -448,14 +525,36 @@ class MazeLookEnv(_MazeEpisode):
             self.success = set(named) == set(self.open_moves())
             feedback = LOOK_RIGHT_FEEDBACK if self.success else LOOK_WRONG_FEEDBACK
         self.done = True
-        reward = turn_reward(self.config.rewards, valid=named is not None, bumps=0, distance_before=0,
-                             distance_after=0, success=self.success)
+        reward = turn_reward(
+            self.config.rewards,
+            valid=named is not None,
+            bumps=0,
+            distance_before=0,
+            distance_after=0,
+            success=self.success,
+        )
         self.episode_return += reward
-        self.turns.append({"response": action_text, "answer": named, "valid": named is not None,
-                           "reward": reward, "feedback": feedback, "position": list(self.pos)})
-        info = {"action": None if named is None else " ".join(named), "valid": named is not None, "bumped": False,
-                "success": self.success, "feedback": feedback, "position": list(self.pos), "distance": self._distance(),
-                "turn": 1, "truncated": False}
+        self.turns.append(
+            {
+                "response": action_text,
+                "answer": named,
+                "valid": named is not None,
+                "reward": reward,
+                "feedback": feedback,
+                "position": list(self.pos),
+            }
+        )
+        info = {
+            "action": None if named is None else " ".join(named),
+            "valid": named is not None,
+            "bumped": False,
+            "success": self.success,
+            "feedback": feedback,
+            "position": list(self.pos),
+            "distance": self._distance(),
+            "turn": 1,
+            "truncated": False,
+        }
         return StepResult(None, reward, True, info)
 
     def random_response(self, rng) -> str:

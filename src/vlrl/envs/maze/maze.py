@@ -53,7 +53,7 @@ import hashlib
 import random
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from vlrl.errors import VlrlError
@@ -94,7 +94,8 @@ def check_size(size: Any, layout: str = "cells") -> None:
         raise VlrlError(f"maze size must be an integer from {MIN_SIZE} to {MAX_SIZE}, got {size!r}")
     if layout == "blocks" and (size < MIN_BLOCKS_SIZE or size % 2 == 0):
         raise VlrlError(
-            f"block maze size must be odd and >= {MIN_BLOCKS_SIZE} (N x N blocks around (N-1)/2 x (N-1)/2 rooms), got {size}"
+            f"block maze size must be odd and >= {MIN_BLOCKS_SIZE} (N x N blocks around (N-1)/2 x (N-1)/2 rooms), "
+            f"got {size}"
         )
 
 
@@ -156,8 +157,10 @@ class Maze:
         for i in range(self.size * self.size):
             cell = divmod(i, self.size)
             free = self.is_free(cell)
-            rows.append([float(not free), float(cell == tuple(agent)), float(cell == tuple(self.goal))]
-                        + [float(free and self.move(cell, m) is not None) for m in MOVES])
+            rows.append(
+                [float(not free), float(cell == tuple(agent)), float(cell == tuple(self.goal))]
+                + [float(free and self.move(cell, m) is not None) for m in MOVES]
+            )
         return rows
 
     # -- identity ----------------------------------------------------------------------------
@@ -194,7 +197,9 @@ class Maze:
             "goal": list(self.goal),
         }
         if self.layout == "blocks":
-            data["blocks"] = ["".join(FREE_BLOCK if self.is_free((r, c)) else WALL_BLOCK for c in range(n)) for r in range(n)]
+            data["blocks"] = [
+                "".join(FREE_BLOCK if self.is_free((r, c)) else WALL_BLOCK for c in range(n)) for r in range(n)
+            ]
         else:
             data["open"] = [
                 ["".join(SIDE_LETTER[s] for s in SIDES if self.open[r * n + c] & s) for c in range(n)] for r in range(n)
@@ -263,7 +268,9 @@ class Maze:
                 nr, nc = where(r, c)
                 old = self.open[r * n + c]
                 masks[nr * n + nc] = sum(side_map[s] for s in SIDES if old & s)
-        return Maze(n, tuple(masks), where(*self.start), where(*self.goal), self.seed, self.generator, transform, self.layout)
+        return Maze(
+            n, tuple(masks), where(*self.start), where(*self.goal), self.seed, self.generator, transform, self.layout
+        )
 
 
 def _walls_hash(layout: str, size: int, masks: tuple[int, ...]) -> str:
@@ -279,7 +286,7 @@ _TURN_SIDES = _side_table({N: E, E: S, S: W, W: N})  # a quarter turn clockwise
 _MIRROR_SIDES = _side_table({N: N, S: S, E: W, W: E})  # left-right mirror
 
 
-@lru_cache(maxsize=None)
+@cache
 def _symmetry_orders(n: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
     """The 8 mirror/rotation images as (source index per target square, side table per 16 masks)."""
     turn = [0] * (n * n)  # turn[i]: the square that lands on i after a quarter turn (r, c) -> (c, n-1-r)
@@ -299,7 +306,9 @@ def _symmetry_orders(n: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], .
 
 def canonical_walls_hash(layout: str, size: int, masks: tuple[int, ...]) -> str:
     """The smallest walls hash over the 8 images (4 rotations, each mirrored or not) of `masks`."""
-    return min(_walls_hash(layout, size, tuple(sides[masks[j]] for j in order)) for order, sides in _symmetry_orders(size))
+    return min(
+        _walls_hash(layout, size, tuple(sides[masks[j]] for j in order)) for order, sides in _symmetry_orders(size)
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -327,7 +336,11 @@ def _read_open(rows: Any, size: int) -> tuple[int, ...]:
     masks: list[int] = []
     for r, row in enumerate(rows):
         for c, letters in enumerate(row):
-            if not isinstance(letters, str) or any(ch not in LETTER_SIDE for ch in letters) or len(set(letters)) != len(letters):
+            if (
+                not isinstance(letters, str)
+                or any(ch not in LETTER_SIDE for ch in letters)
+                or len(set(letters)) != len(letters)
+            ):
                 raise VlrlError(f"maze JSON: open[{r}][{c}] = {letters!r} must be distinct letters from 'NESW'")
             masks.append(sum(LETTER_SIDE[ch] for ch in letters))
     return tuple(masks)
@@ -341,7 +354,8 @@ def _read_blocks(rows: Any, size: int) -> tuple[int, ...]:
         bad = sorted(set(row) - {WALL_BLOCK, FREE_BLOCK})
         if bad:
             raise VlrlError(
-                f"maze JSON: blocks[{r}] contains {bad[0]!r}; use '{WALL_BLOCK}' for a wall block, '{FREE_BLOCK}' for a free one"
+                f"maze JSON: blocks[{r}] contains {bad[0]!r}; use '{WALL_BLOCK}' for a wall block, '{FREE_BLOCK}' "
+                "for a free one"
             )
     free = [ch == FREE_BLOCK for row in rows for ch in row]
     # Checked on the grid itself: a lone free block would read back as a wall from its masks.
@@ -374,7 +388,9 @@ def _check_block_grid(size: int, free: list[bool]) -> None:
             if is_free and r % 2 == 0 and c % 2 == 0:
                 raise VlrlError(f"block maze: block [{r}, {c}] is free, but blocks at even (row, col) are always walls")
             if not is_free and r % 2 == 1 and c % 2 == 1:
-                raise VlrlError(f"block maze: room [{r}, {c}] is a wall, but blocks at odd (row, col) are rooms, always free")
+                raise VlrlError(
+                    f"block maze: room [{r}, {c}] is a wall, but blocks at odd (row, col) are rooms, always free"
+                )
 
 
 def check_perfect(maze: Maze) -> None:
@@ -390,7 +406,9 @@ def check_perfect(maze: Maze) -> None:
                     continue
                 nr, nc = r + DELTA[side][0], c + DELTA[side][1]
                 if not (0 <= nr < n and 0 <= nc < n):
-                    raise VlrlError(f"maze is not closed: cell [{r}, {c}] opens {SIDE_LETTER[side]} through the outer wall")
+                    raise VlrlError(
+                        f"maze is not closed: cell [{r}, {c}] opens {SIDE_LETTER[side]} through the outer wall"
+                    )
                 if not maze.is_open((nr, nc), OPPOSITE[side]):
                     raise VlrlError(
                         f"maze walls are asymmetric: [{r}, {c}] opens {SIDE_LETTER[side]} "
@@ -404,7 +422,9 @@ def check_perfect(maze: Maze) -> None:
         free = [m != 0 for m in maze.open]
         _check_block_grid(n, free)
         if maze.open != block_masks(n, free):
-            raise VlrlError("block maze has a wall line between two free blocks; in a block maze only whole blocks are walls")
+            raise VlrlError(
+                "block maze has a wall line between two free blocks; in a block maze only whole blocks are walls"
+            )
     for name, cell in (("start", maze.start), ("goal", maze.goal)):
         if not maze.is_free(cell):
             raise VlrlError(f"maze {name} {list(cell)} is on a wall block")
@@ -421,7 +441,9 @@ def check_perfect(maze: Maze) -> None:
         raise VlrlError(f"maze is not connected: only {len(seen)} of {squares} {what} are reachable from the start")
     edges = maze.open_edge_count()
     if edges != squares - 1:
-        raise VlrlError(f"maze has a cycle: {edges} open passages where a perfect maze of {squares} {what} has {squares - 1}")
+        raise VlrlError(
+            f"maze has a cycle: {edges} open passages where a perfect maze of {squares} {what} has {squares - 1}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,6 +456,8 @@ def _rng(size: int, seed: int, attempt: int, layout: str = "cells") -> random.Ra
     key = f"{GENERATOR_VERSION}:{what}:{seed}:{attempt}"
     digest = hashlib.sha256(key.encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "big"))
+
+
 def _below(rng: random.Random, k: int) -> int:
     """Uniform integer in [0, k) from getrandbits alone (stable across Python versions)."""
     if k <= 1:
@@ -456,7 +480,13 @@ def wilson_tree(size: int, rng: random.Random) -> tuple[int, ...]:
     steps: list[list[tuple[int, int]]] = []  # per cell: (neighbour index, side) pairs
     for i in range(cells):
         r, c = divmod(i, n)
-        steps.append([((r + DELTA[s][0]) * n + c + DELTA[s][1], s) for s in SIDES if 0 <= r + DELTA[s][0] < n and 0 <= c + DELTA[s][1] < n])
+        steps.append(
+            [
+                ((r + DELTA[s][0]) * n + c + DELTA[s][1], s)
+                for s in SIDES
+                if 0 <= r + DELTA[s][0] < n and 0 <= c + DELTA[s][1] < n
+            ]
+        )
     masks = [0] * cells
     in_tree = [False] * cells
     in_tree[_below(rng, cells)] = True

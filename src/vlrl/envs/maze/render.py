@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vlrl.envs.maze.maze import E, S, Cell, Maze
+from vlrl.envs.maze.maze import Cell, E, Maze, S
 from vlrl.errors import VlrlError
 
 RGB = tuple[int, int, int]
@@ -45,7 +45,9 @@ def wall_thickness(cell_px: int) -> int:
     return max(1, min(cell_px // 4, max(2, cell_px // 8)))
 
 
-def render(maze: Maze, agent_pos: Cell, cell_px: int = 25, theme: str = "default", noise_seed: int | None = None) -> Image.Image:
+def render(
+    maze: Maze, agent_pos: Cell, cell_px: int = 25, theme: str = "default", noise_seed: int | None = None
+) -> Image.Image:
     """The maze with the agent at `agent_pos`, as an RGB image of side maze.size * cell_px."""
     if theme not in THEMES:
         raise VlrlError(f"unknown maze theme {theme!r}; known: {', '.join(THEMES)}")
@@ -122,15 +124,21 @@ def ascii_maze(maze: Maze, agent_pos: Cell | None = None) -> str:
     """
     n = maze.size
     if maze.layout == "blocks":
-        return "\n".join(
-            "".join(_block_text(maze, (r, c), agent_pos) for c in range(n)) for r in range(n)
-        )
+        return "\n".join("".join(_block_text(maze, (r, c), agent_pos) for c in range(n)) for r in range(n))
     lines = ["+" + "---+" * n]
     for r in range(n):
         row, below = "|", "+"
         for c in range(n):
             here = (r, c)
-            mark = "*" if here == agent_pos == maze.goal else "A" if here == agent_pos else "G" if here == maze.goal else " "
+            mark = (
+                "*"
+                if here == agent_pos == maze.goal
+                else "A"
+                if here == agent_pos
+                else "G"
+                if here == maze.goal
+                else " "
+            )
             row += f" {mark} " + (" " if c + 1 < n and maze.is_open(here, E) else "|")
             below += ("   " if r + 1 < n and maze.is_open(here, S) else "---") + "+"
         lines += [row, below]
@@ -140,4 +148,6 @@ def ascii_maze(maze: Maze, agent_pos: Cell | None = None) -> str:
 def _block_text(maze: Maze, here: Cell, agent_pos: Cell | None) -> str:
     if not maze.is_free(here):
         return "##"
-    return "* " if here == agent_pos == maze.goal else "A " if here == agent_pos else "G " if here == maze.goal else "  "
+    return (
+        "* " if here == agent_pos == maze.goal else "A " if here == agent_pos else "G " if here == maze.goal else "  "
+    )

@@ -43,15 +43,26 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
-from vlrl.envs.maze.config import MazeEnvConfig
-from vlrl.envs.lazy_split import LazySplit
 from vlrl.envs.base import Task, env_class, overlapping_tasks  # noqa: F401  (re-exported: content-hash overlap check)
+from vlrl.envs.lazy_split import LazySplit
+from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import (
-    E, GENERATOR_VERSION, MAX_SIZE, MIN_SIZE, OPPOSITE, S, Maze, _corner_span, _distances_flat, canonical_walls_hash,
-    check_size, expand_to_blocks, generate_maze,
+    GENERATOR_VERSION,
+    MAX_SIZE,
+    MIN_SIZE,
+    OPPOSITE,
+    E,
+    Maze,
+    S,
+    _corner_span,
+    _distances_flat,
+    canonical_walls_hash,
+    check_size,
+    expand_to_blocks,
+    generate_maze,
 )
 from vlrl.envs.maze.render import THEMES
 from vlrl.errors import VlrlError
@@ -83,8 +94,8 @@ def _spanning_trees(k: int) -> list[tuple[int, ...]]:
         root = list(range(k * k))
 
         def find(x: int) -> int:
-            while root[x] != x:
-                x = root[x]
+            while root[x] != x:  # noqa: B023 (called within this iteration only)
+                x = root[x]  # noqa: B023
             return x
 
         masks = [0] * (k * k)
@@ -100,7 +111,7 @@ def _spanning_trees(k: int) -> list[tuple[int, ...]]:
     return trees
 
 
-@lru_cache(maxsize=None)
+@cache
 def reserved_layouts(layout: str, size: int) -> dict[str, str] | None:
     """For a size with few layouts, {layout key: split} over all of them; None for larger sizes.
 
@@ -140,7 +151,7 @@ def layout_split(maze: Maze) -> str:
     return next(split for split, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
 
 
-@lru_cache(maxsize=None)
+@cache
 def split_layouts(layout: str, size: int, split: str) -> tuple[tuple[int, ...], ...] | None:
     """The masks of every wall layout of this size the split owns; None for sizes too large to enumerate."""
     table = reserved_layouts(layout, size)
@@ -159,7 +170,9 @@ def distinct_placements(maze: Maze, placement: str, min_distance: int) -> int:
     lo, hi = _corner_span(n, maze.layout)
     corners = {lo * n + lo, lo * n + hi, hi * n + lo, hi * n + hi}
     allowed = {i for i in range(n * n) if maze.is_free(divmod(i, n)) and (placement == "random" or i not in corners)}
-    return sum(1 for a in allowed for b, d in enumerate(_distances_flat(n, maze.open, a)) if b in allowed and d >= min_distance)
+    return sum(
+        1 for a in allowed for b, d in enumerate(_distances_flat(n, maze.open, a)) if b in allowed and d >= min_distance
+    )
 
 
 def split_capacity(layout: str, size: int, split: str, placement: str, min_distance: int) -> int | None:
@@ -167,7 +180,9 @@ def split_capacity(layout: str, size: int, split: str, placement: str, min_dista
     layouts = split_layouts(layout, size, split)
     if layouts is None:
         return None
-    return sum(distinct_placements(Maze(size, m, (0, 0), (0, 0), layout=layout), placement, min_distance) for m in layouts)
+    return sum(
+        distinct_placements(Maze(size, m, (0, 0), (0, 0), layout=layout), placement, min_distance) for m in layouts
+    )
 
 
 def _split_sizes(config: MazeEnvConfig, split: str) -> list[int]:
@@ -176,7 +191,9 @@ def _split_sizes(config: MazeEnvConfig, split: str) -> list[int]:
         sizes += [n for n in config.adversarial_variants.extra_sizes if n not in sizes]
     for n in sizes:
         if not isinstance(n, int) or not MIN_SIZE <= n <= MAX_SIZE:
-            raise VlrlError(f"env.{split}: maze size {n!r} is out of range; sizes must be between {MIN_SIZE} and {MAX_SIZE}")
+            raise VlrlError(
+                f"env.{split}: maze size {n!r} is out of range; sizes must be between {MIN_SIZE} and {MAX_SIZE}"
+            )
         try:
             check_size(n, config.layout)
         except VlrlError as exc:
@@ -226,8 +243,12 @@ def _capacity_note(config: MazeEnvConfig, split: str, size: int) -> str:
 
 def _maze_from_params(seed: int, params: dict[str, Any], attempt: int) -> Maze | None:
     return generate_maze(
-        params["size"], seed, attempt=attempt, placement=params["placement"],
-        min_distance=params["min_distance"], transform=params["transform"],
+        params["size"],
+        seed,
+        attempt=attempt,
+        placement=params["placement"],
+        min_distance=params["min_distance"],
+        transform=params["transform"],
         layout=params.get("layout", "cells"),  # tasks from before layouts existed are cell mazes
     )
 
@@ -249,7 +270,8 @@ def make_task(config: MazeEnvConfig, split: str, index: int, used: set[tuple[str
     if split_layouts(layout, size, split) == ():
         raise VlrlError(
             f"env.{split}: {size}x{size} {layout} mazes have too few wall layouts to hold any out "
-            f"(all {len(_spanning_trees(_rooms(layout, size)))} are mirror/rotation images of one another and belong to train); "
+            f"(all {len(_spanning_trees(_rooms(layout, size)))} are mirror/rotation images of one another and "
+            "belong to train); "
             f"use larger sizes for env.{split}.sizes"
         )
     placed = 0
@@ -274,7 +296,6 @@ def make_task(config: MazeEnvConfig, split: str, index: int, used: set[tuple[str
         f"env.{split}: no {size}x{size} {layout} maze with placement {params['placement']} and "
         f"min_distance {params['min_distance']} found for seed {seed}; lower env.min_distance"
     )
-
 
 
 @lru_cache(maxsize=4096)
@@ -347,16 +368,29 @@ def build_maze_split(config: MazeEnvConfig, split: str) -> Split:
 
 
 def adhoc_task(
-    size: int, seed: int, *, env: str = "maze", placement: str = "corners", min_distance: int = 2,
-    theme: str = "default", transform: str = "none", layout: str = "cells",
+    size: int,
+    seed: int,
+    *,
+    env: str = "maze",
+    placement: str = "corners",
+    min_distance: int = 2,
+    theme: str = "default",
+    transform: str = "none",
+    layout: str = "cells",
 ) -> Task:
     """A task outside any split (split name `adhoc`), e.g. to render or play one maze by seed."""
     check_size(size, layout)
     params: dict[str, Any] = {
-        "layout": layout, "size": size, "placement": placement, "min_distance": min_distance,
-        "theme": theme, "transform": transform,
+        "layout": layout,
+        "size": size,
+        "placement": placement,
+        "min_distance": min_distance,
+        "theme": theme,
+        "transform": transform,
     }
     for attempt in range(MAX_ATTEMPTS):
         if _maze_from_params(seed, params, attempt) is not None:
             return Task(env, "adhoc", 0, seed, {**params, "attempt": attempt})
-    raise VlrlError(f"no {size}x{size} {layout} maze with placement {placement} and min_distance {min_distance}; lower min_distance")
+    raise VlrlError(
+        f"no {size}x{size} {layout} maze with placement {placement} and min_distance {min_distance}; lower min_distance"
+    )
