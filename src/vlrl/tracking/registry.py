@@ -43,14 +43,20 @@ from typing import Any
 from vlrl.access import Identity, identity_from_file
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
-from vlrl.eval.stats import pair_outcomes
-from vlrl.tracking.gate import EvalRecord, GateDecision, decoding_kind, promotion_gate
+from vlrl.tracking.gate import EvalRecord, GateDecision, promotion_gate
 from vlrl.tracking.lineage import adapter_fingerprint, adapter_info, now_iso, read_adapter_lineage, who
+from vlrl.tracking.registry_tags import (
+    BASE_PEER,
+    SPLITS,
+    discordant_from_files,
+    eval_tags,
+    evals_from_tags,
+    read_eval_summaries,
+    version_tags,
+)
 from vlrl.tracking.store import check_sqlite, mlflow_client, mlflow_errors, registry_uri, sqlite_path
 
 STAGES = ("candidate", "staging", "production")
-SPLITS = ("holdout", "adversarial")
-BASE_PEER = "base"  # peers key of the bare base model
 
 
 def model_name_for(template: str, env: str, base_fingerprint: str) -> str:
@@ -62,53 +68,6 @@ def model_name_for(template: str, env: str, base_fingerprint: str) -> str:
         raise VlrlError(
             f"registry.model_name {template!r} is not a valid template ({exc}); use {{env}} and {{base}}"
         ) from None
-
-
-def read_eval_summaries(eval_dirs: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Every summary.json under the given `vlrl eval -o` folders (or summary files)."""
-    summaries = []
-    for d in map(Path, eval_dirs):
-        files = [d] if d.is_file() else sorted(d.rglob("summary.json")) if d.is_dir() else None
-        if files is None:
-            raise VlrlError(f"evaluation folder {d} does not exist")
-        if not files:
-            raise VlrlError(f"no summary.json under {d}; pass the folder `vlrl eval -o` wrote")
-        for f in files:
-            try:
-                summary = json.loads(f.read_text())
-            except json.JSONDecodeError as exc:
-                raise VlrlError(f"{f} is not valid JSON ({exc.msg})") from None
-            if not isinstance(summary.get("model"), dict):
-                raise VlrlError(
-                    f"{f} does not say which model it evaluated; re-run `vlrl eval` with this version of vlrl"
-                )
-            summaries.append({**summary, "_file": str(f)})
-    return summaries
-
-
-def _discordant_from_files(
-    candidate_tags: dict[str, str], baseline_tags: dict[str, str], split: str
-) -> tuple[int, int] | None:
-    """(only the candidate solved, only the baseline solved), paired through the two versions' own
-    summary files (`eval.<split>.summary_file`) when both still exist and record per-task outcomes."""
-    outcomes = []
-    for tags in (candidate_tags, baseline_tags):
-        path = Path(tags.get(f"eval.{split}.summary_file", ""))
-        try:
-            outcomes.append(json.loads(path.read_text())["outcomes"])
-        except (OSError, ValueError, KeyError):
-            return None
-    pair = pair_outcomes(
-        outcomes[0],
-        outcomes[1],
-        candidate_tags[f"eval.{split}.summary_file"],
-        baseline_tags[f"eval.{split}.summary_file"],
-    )
-    return pair.only_a, pair.only_b
-
-
-def _peer_key(summary: dict[str, Any]) -> str:
-    return summary["model"].get("adapter_fingerprint") or BASE_PEER
 
 
 class AdapterRegistry:
@@ -251,7 +210,7 @@ class AdapterRegistry:
             stage_of = {int(v): a for a, v in model.aliases.items()}
             rows = []
             for v in sorted(self.client.search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version)):
-                evals = self._evals(v.tags)
+                evals = evals_from_tags(v.tags)
                 rows.append(
                     {
                         "version": int(v.version),
@@ -296,22 +255,6 @@ class AdapterRegistry:
         except VlrlError:
             return "CHANGED"
 
-    @staticmethod
-    def _evals(tags: dict[str, str]) -> dict[str, EvalRecord]:
-        out = {}
-        for split in SPLITS:
-            if f"eval.{split}.successes" in tags:
-                out[split] = EvalRecord.from_json(
-                    {
-                        "split": split,
-                        **{
-                            k: tags[f"eval.{split}.{k}"]
-                            for k in ("successes", "n", "decoding", "split_version", "tasks_hash")
-                        },
-                    }
-                )
-        return out
-
     # -- register ----------------------------------------------------------------------------
     def register(
         self,
@@ -337,10 +280,10 @@ class AdapterRegistry:
         base_fp = info["base_fingerprint"]
         env = lineage.get("data", {}).get("env", "env")
         name = name or model_name_for(self.settings.model_name, env, base_fp)
-        tags = self._version_tags(info, lineage)
+        tags = version_tags(info, lineage)
         if actor is not None:
             tags["registered_identity"] = actor.name  # what the two-person rule compares
-        tags.update(self._eval_tags(info, read_eval_summaries(eval_dirs)))
+        tags.update(eval_tags(info, read_eval_summaries(eval_dirs), self.settings.decoding))
         with mlflow_errors(f"registering {adapter_dir} in {self.uri}"):
             from mlflow.exceptions import MlflowException
 
@@ -393,7 +336,7 @@ class AdapterRegistry:
                 version = v.version
                 self.client.set_registered_model_alias(name, "candidate", version)
                 action = "register"
-        evals = self._evals(tags)
+        evals = evals_from_tags(tags)
         source = existing[0].source if existing else info["path"]
         entry = self._audit(
             {
@@ -417,72 +360,10 @@ class AdapterRegistry:
             "audit": entry,
         }
 
-    @staticmethod
-    def _version_tags(info: dict[str, Any], lineage: dict[str, Any]) -> dict[str, str]:
-        git = lineage.get("code", {}).get("git", {})
-        tags = {
-            "adapter_path": info["path"],
-            "adapter_fingerprint": info["fingerprint"],
-            "base_fingerprint": info["base_fingerprint"],
-            "base_model": lineage.get("model", {}).get("path"),
-            "run_dir": lineage.get("run", {}).get("dir"),
-            "run_id": lineage.get("tracking", {}).get("run_id"),
-            "tracking_uri": lineage.get("tracking", {}).get("uri"),
-            "git_commit": git.get("commit"),
-            "git_dirty": str(git.get("dirty")) if "dirty" in git else None,
-            "image": lineage.get("code", {}).get("image"),
-            "config_hash": lineage.get("config_hash"),
-            "reward_hash": lineage.get("rewards", {}).get("hash"),
-            "registered_at": now_iso(),
-            "registered_by": "{user}@{host}".format(**who()),
-        }
-        for split, s in lineage.get("data", {}).get("splits", {}).items():
-            tags[f"split.{split}.version"] = s.get("version")
-            tags[f"split.{split}.seeds"] = f"[{s.get('seed_start')},{s.get('seed_end')})"
-        return {k: str(v) for k, v in tags.items() if v is not None}
-
-    def _eval_tags(self, info: dict[str, Any], summaries: list[dict[str, Any]]) -> dict[str, str]:
-        tags: dict[str, str] = {}
-        want = self.settings.decoding
-        for split in SPLITS:
-            mine = [
-                s
-                for s in summaries
-                if s.get("split") == split
-                and decoding_kind(s.get("decoding", "")) == want
-                and s["model"].get("adapter_fingerprint") == info["fingerprint"]
-            ]
-            if not mine:
-                continue
-            own = max(mine, key=lambda s: (s.get("n", 0), s.get("evaluated_at", "")))  # the largest, then newest
-            if own["model"].get("base_fingerprint") != info["base_fingerprint"]:
-                raise VlrlError(f"{own['_file']} evaluated the adapter on another base model")
-            record = EvalRecord.from_summary(own)
-            peers = {}
-            for s in summaries:
-                if (
-                    s.get("split") != split
-                    or s["model"].get("base_fingerprint") != info["base_fingerprint"]
-                    or s["model"].get("adapter_fingerprint") == info["fingerprint"]
-                ):
-                    continue
-                other = EvalRecord.from_summary(s)
-                if other.same_tasks(record):
-                    peers[_peer_key(s)] = [other.successes, other.n]
-                    if "outcomes" in own and "outcomes" in s:  # paired: + [only the candidate solved, only this peer]
-                        pair = pair_outcomes(own["outcomes"], s["outcomes"], own["_file"], s["_file"])
-                        peers[_peer_key(s)] += [pair.only_a, pair.only_b]
-            for key, value in record.to_json().items():
-                tags[f"eval.{split}.{key}"] = str(value)
-            tags[f"eval.{split}.rate"] = f"{record.proportion.rate:.6f}"
-            tags[f"eval.{split}.peers"] = json.dumps(peers, sort_keys=True)
-            tags[f"eval.{split}.summary_file"] = own["_file"]
-        return tags
-
     # -- promote -----------------------------------------------------------------------------
     def _baseline(self, name: str, model, candidate) -> tuple[str, dict[str, EvalRecord]]:
         """The records to beat: production's on the candidate's tasks, or the base model's."""
-        cand = self._evals(candidate.tags)
+        cand = evals_from_tags(candidate.tags)
         prod_version = model.aliases.get("production")
         if prod_version is not None and str(prod_version) != str(candidate.version):
             prod = self.client.get_model_version(name, str(prod_version))
@@ -494,7 +375,7 @@ class AdapterRegistry:
             label, key, own = (
                 f"production v{prod.version}",
                 prod.tags.get("adapter_fingerprint"),
-                self._evals(prod.tags),
+                evals_from_tags(prod.tags),
             )
             own_tags = dict(prod.tags)
         else:
@@ -516,7 +397,7 @@ class AdapterRegistry:
             elif split in own:
                 same = own[split].same_tasks(record)  # otherwise the gate refuses: evaluated on different tasks
                 baseline[split] = replace(
-                    own[split], discordant=_discordant_from_files(candidate.tags, own_tags, split) if same else None
+                    own[split], discordant=discordant_from_files(candidate.tags, own_tags, split) if same else None
                 )
         return label, baseline
 
@@ -557,7 +438,7 @@ class AdapterRegistry:
                 )
             baseline_label, baseline = self._baseline(name, model, v)
             decision = promotion_gate(
-                self._evals(v.tags),
+                evals_from_tags(v.tags),
                 baseline,
                 candidate_label=f"v{v.version}",
                 baseline_label=baseline_label,
