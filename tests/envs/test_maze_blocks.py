@@ -18,7 +18,8 @@ from vlrl.config import load_config
 from vlrl.envs import build_split, make_env, overlapping_tasks, replay_trace, split_version
 from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.env import WALL_FEEDBACK
-from vlrl.envs.maze.maze import MOVES, TRANSFORMS, Maze, check_perfect, generate_maze
+from vlrl.envs.maze.generate import generate_maze
+from vlrl.envs.maze.maze import MOVES, TRANSFORMS, Maze, check_perfect
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
 from vlrl.envs.maze.render import THEMES, ascii_maze, render
 from vlrl.envs.maze.splits import adhoc_task, layout_split, maze_bucket, maze_for_task

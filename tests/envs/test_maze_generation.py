@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlrl.envs.maze.maze import TRANSFORMS, Maze, check_perfect, generate_maze
+from vlrl.envs.maze.generate import generate_maze
+from vlrl.envs.maze.maze import TRANSFORMS, Maze, check_perfect
 from vlrl.errors import VlrlError
 
 sizes = st.integers(min_value=3, max_value=13)

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlrl.envs.maze.maze import generate_maze
+from vlrl.envs.maze.generate import generate_maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions, shortest_path
 from vlrl.envs.maze.render import THEMES, ascii_maze, render, wall_thickness
 

@@ -13,7 +13,8 @@ from vlrl.envs.maze.env import (
     parse_action,
     parse_plan,
 )
-from vlrl.envs.maze.maze import LAYOUTS, Maze, check_perfect, generate_maze
+from vlrl.envs.maze.generate import generate_maze
+from vlrl.envs.maze.maze import LAYOUTS, Maze, check_perfect
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions, shortest_path
 from vlrl.envs.maze.render import THEMES, ascii_maze, render
 from vlrl.envs.maze.splits import Split, maze_bucket, maze_for_task, overlapping_tasks

@@ -49,6 +49,7 @@ from typing import Any
 from vlrl.envs.base import Task, env_class, overlapping_tasks  # noqa: F401  (re-exported: content-hash overlap check)
 from vlrl.envs.lazy_split import LazySplit
 from vlrl.envs.maze.config import MazeEnvConfig
+from vlrl.envs.maze.generate import _distances_flat, expand_to_blocks, generate_maze
 from vlrl.envs.maze.maze import (
     GENERATOR_VERSION,
     MAX_SIZE,
@@ -58,11 +59,8 @@ from vlrl.envs.maze.maze import (
     Maze,
     S,
     _corner_span,
-    _distances_flat,
     canonical_walls_hash,
     check_size,
-    expand_to_blocks,
-    generate_maze,
 )
 from vlrl.envs.maze.render import THEMES
 from vlrl.errors import VlrlError
