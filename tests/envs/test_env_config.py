@@ -213,15 +213,10 @@ def test_a_plugin_registers_through_the_vlrl_envs_entry_point(tmp_path):
     import os
 
     (tmp_path / "plug_env.py").write_text(
-        "from typing import Literal\n"
-        "from vlrl.envs.base import register_env\n"
-        "from vlrl.envs.config import EnvConfigBase\n"
-        "class PlugConfig(EnvConfigBase):\n"
-        "    name: Literal['plug'] = 'plug'\n"
-        "    level: int = 1\n"
-        "@register_env('plug', config=PlugConfig)\n"
-        "class PlugEnv:\n"
-        "    pass\n"
+        "from typing import Literal\nfrom vlrl.envs.base import register_env\n"
+        "from vlrl.envs.config import EnvConfigBase\nclass PlugConfig(EnvConfigBase):\n"
+        "    name: Literal['plug'] = 'plug'\n    level: int = 1\n@register_env('plug', config=PlugConfig)\n"
+        "class PlugEnv:\n    pass\n"
     )
     dist = tmp_path / "plug_env-0.1.dist-info"
     dist.mkdir()

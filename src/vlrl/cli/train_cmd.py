@@ -93,8 +93,7 @@ def train(
         None,
         "--resume",
         help="auto: continue this run (storage.run_name) from its newest valid checkpoint, or start it when it has "
-        "none; "
-        "or a checkpoint directory, a run's checkpoints directory or a run directory.",
+        "none; or a checkpoint directory, a run's checkpoints directory or a run directory.",
     ),
     address: str | None = typer.Option(
         None,

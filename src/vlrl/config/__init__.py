@@ -57,8 +57,7 @@ class RunConfig(Section):
     env: SerializeAsAny[EnvConfigBase] = Field(
         default_factory=default_env_config,
         description="Environment and its splits; `env.name` selects the registered env whose config class validates "
-        "the "
-        "section.",
+        "the section.",
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout engine and sampling.")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="GRPO and its variants.")

@@ -23,8 +23,7 @@ class RuntimeConfig(Section):
     address: str | None = Field(
         None,
         description="Ray cluster to join (host:port of the GCS, ray://host:10001, or auto); None: RAY_ADDRESS, else a "
-        "local "
-        "instance.",
+        "local instance.",
     )
     num_workers: int = Field(
         1,
@@ -112,22 +111,19 @@ class RegistryConfig(Section):
     uri: str | None = Field(
         None,
         description="MLflow model registry URI (or a path to a .db file); None uses the tracking store (tracking.uri, "
-        "else "
-        "<storage.root>/mlflow.db).",
+        "else <storage.root>/mlflow.db).",
     )
     model_name: str = Field(
         "{env}-{base}",
         description="Registered model name, one per task and base model: {env} is env.name, {base} the first 12 hex "
-        "digits of "
-        "the base fingerprint.",
+        "digits of the base fingerprint.",
     )
     holdout_margin: float = Field(
         0.02,
         ge=0,
         le=1,
         description="Promotion gate: holdout success must beat production (or the base model) by at least this much "
-        "(0.02 = 2 "
-        "points), and pass the paired test (registry.max_p_value).",
+        "(0.02 = 2 points), and pass the paired test (registry.max_p_value).",
     )
     max_p_value: float = Field(
         0.05,
@@ -149,8 +145,7 @@ class RegistryConfig(Section):
     audit_log: str | None = Field(
         None,
         description="JSONL audit log of registrations, promotions and rollbacks; None: registry-audit.jsonl next to "
-        "the "
-        "SQLite DB (or under storage.root).",
+        "the SQLite DB (or under storage.root).",
     )
     lock_timeout_s: float = Field(
         5.0, gt=0, description="How long to wait for a locked SQLite registry before giving up with an error."
@@ -158,8 +153,7 @@ class RegistryConfig(Section):
     access_dir: str | None = Field(
         None,
         description="Identities and roles (docs/security.md): a directory of NAME.sha256 digests (or NAME.token "
-        "files) and "
-        "roles.yaml. When set, register needs the role trainer, "
+        "files) and roles.yaml. When set, register needs the role trainer, "
         "promote and rollback approver, and the acting identity is the one whose token is in --identity-file (or "
         "$VLRL_IDENTITY_FILE); "
         "None: no roles, anyone who can write the registry acts (the audit log records the OS user).",
@@ -167,8 +161,7 @@ class RegistryConfig(Section):
     two_person_rule: bool = Field(
         False,
         description="Promotion to production needs an identity other than the one that registered the version (needs "
-        "access_dir). "
-        "Off for local use; on in the cluster config.",
+        "access_dir). Off for local use; on in the cluster config.",
     )
 
     @model_validator(mode="after")
@@ -190,15 +183,13 @@ class ServingConfig(Section):
         None,
         ge=1,
         description="Largest LoRA rank a (later swapped-in) adapter may have; None: the smallest vLLM rank that fits "
-        "the "
-        "adapters served at start.",
+        "the adapters served at start.",
     )
     kv_cache_mb: int | None = Field(
         None,
         ge=16,
         description="KV cache size in MiB (vLLM's --kv-cache-memory-bytes); None: vLLM's default on GPU, 256 on CPU, "
-        "where it "
-        "must be set.",
+        "where it must be set.",
     )
     max_images: int = Field(
         20,

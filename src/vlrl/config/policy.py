@@ -69,8 +69,7 @@ class RolloutConfig(Section):
         ge=64,
         description="transformers engine: most prompt tokens in one prefill (rows x longest prompt, padding "
         "included); a batch over it is split. Long multi-turn conversations (e.g. 13x13 mazes over 18 turns) "
-        "otherwise need "
-        "memory in proportion to batch_size x length. None: batch_size alone decides.",
+        "otherwise need memory in proportion to batch_size x length. None: batch_size alone decides.",
     )
     max_model_len: int = Field(4096, ge=64, description="Longest conversation (prompt + all turns) in tokens.")
     gpu_memory_utilization: float | Literal["auto"] = Field(
@@ -165,8 +164,7 @@ class AlgoConfig(Section):
         ge=0,
         description="GiGPO (multi-turn): weight of the step-level advantage, which compares turns of a group that "
         "faced the "
-        "same state by their discounted return; added to the episode advantage per turn. 0: plain episode-level "
-        "GRPO.",
+        "same state by their discounted return; added to the episode advantage per turn. 0: plain episode-level GRPO.",
     )
     step_discount: float = Field(
         0.95, gt=0, le=1, description="GiGPO: discount of the return-to-go that step-level advantages compare."
@@ -185,8 +183,7 @@ class AlgoConfig(Section):
         0.0,
         ge=0,
         description="Weight of the k3 KL penalty to the reference: the policy GRPO started from (the base, or the "
-        "base with "
-        "the `--init-adapter` warm start).",
+        "base with the `--init-adapter` warm start).",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of episodes.")
     mini_batch_size: int = Field(64, ge=1, description="Episodes per optimizer step.")
@@ -194,14 +191,12 @@ class AlgoConfig(Section):
     preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] | None = Field(
         None,
         description="Set advantage, loss_agg, ratio_level, eps_low/eps_high and dynamic_sampling together as the "
-        "paper does "
-        "(table in docs/training.md); fields given explicitly still win. None: each field's own default.",
+        "paper does (table in docs/training.md); fields given explicitly still win. None: each field's own default.",
     )
     old_logprobs: Literal["trainer", "sampler"] = Field(
         "trainer",
         description="The 'old' log-probs of the importance ratio with several optimizer steps per batch: `trainer` "
-        "(the "
-        "policy re-scores the batch before the update) or `sampler` (the engine's sampling log-probs).",
+        "(the policy re-scores the batch before the update) or `sampler` (the engine's sampling log-probs).",
     )
     rollout_correction: Literal["off", "tis", "masked"] = Field(
         "off",
@@ -216,8 +211,7 @@ class AlgoConfig(Section):
         1024,
         ge=0,
         description="Loss pass: the LM head and log-softmax run on the tokens that carry loss only, this many rows at "
-        "a time, "
-        "recomputed in backward (no [B, T, V] logits kept). 0: full logits at every position (the former path, "
+        "a time, recomputed in backward (no [B, T, V] logits kept). 0: full logits at every position (the former path, "
         "for comparison).",
     )
 

@@ -16,8 +16,7 @@ class SftConfig(Section):
     mode: Literal["lora", "full"] = Field(
         "lora",
         description="`lora`: train an adapter; `full`: train every weight and write a whole model (merged weights) "
-        "that GRPO "
-        "can start from.",
+        "that GRPO can start from.",
     )
     episodes: int = Field(512, ge=1, description="Oracle transcripts generated for behaviour cloning.")
     epochs: int = Field(2, ge=1, description="Passes over the transcripts.")
@@ -25,8 +24,7 @@ class SftConfig(Section):
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant",
         description="`constant`, `linear` or `cosine` decay to 0 after the warm-up; with `max_minutes` the decay "
-        "follows "
-        "whichever of steps and time is further along, so a run the budget ends has decayed by then. A random "
+        "follows whichever of steps and time is further along, so a run the budget ends has decayed by then. A random "
         "tiny model learns to read its images in a sudden drop of the loss after a plateau, which an early decay "
         "can prevent (the maze, batches of 16, linear decay: it never got there; bench/RESULTS.md).",
     )
@@ -35,16 +33,14 @@ class SftConfig(Section):
         None,
         gt=0,
         description="Stop early once the mean loss of the last 20 steps is below this (None: run every step). The "
-        "demo uses "
-        "it to end the warm start at the same competence whatever the batch order.",
+        "demo uses it to end the warm start at the same competence whatever the batch order.",
     )
     noise: float = Field(
         0.0,
         ge=0,
         le=1,
         description="Share of oracle turns replaced by a random response (the env's `random_response`, e.g. a random "
-        "move in "
-        "the maze), so transcripts show recovery.",
+        "move in the maze), so transcripts show recovery.",
     )
     warmup_steps: int = Field(
         0, ge=0, description="Linear learning-rate warm-up over this many SFT steps (then `lr_schedule`)."
@@ -60,8 +56,7 @@ class SftConfig(Section):
         None,
         gt=0,
         description="Wall-clock budget of the SFT loop: past it the model trained so far is saved and SFT ends (None: "
-        "no "
-        "limit). For jobs with a time slot.",
+        "no limit). For jobs with a time slot.",
     )
 
 
@@ -97,8 +92,7 @@ class NonFiniteGuard(Section):
     enabled: bool = Field(
         True,
         description="Fire when the step's reward/mean, train/loss, train/grad_norm, train/kl or train/entropy is NaN "
-        "or "
-        "infinite. "
+        "or infinite. "
         "On unless disabled: a non-finite gradient is then never applied (unless the action is `warn`), so the "
         "adapter stays finite.",
     )
@@ -125,8 +119,7 @@ class GradSpikeGuard(Section):
     enabled: bool = Field(
         False,
         description="Fire when train/grad_norm (before clipping) exceeds `factor` times the median of the last "
-        "`window` "
-        "steps' norms.",
+        "`window` steps' norms.",
     )
     factor: float = Field(10.0, gt=1, description="How many times the running median counts as a spike (> 1).")
     window: int = Field(20, ge=1, description="Steps in the running median (steps with a guard event are left out).")
@@ -175,8 +168,7 @@ class GuardsConfig(Section):
         gt=0,
         lt=1,
         description="`rollback` multiplies the learning rate by this (0 < factor < 1); kept in checkpoints, so it "
-        "survives "
-        "resumes.",
+        "survives resumes.",
     )
     max_rollbacks: int = Field(
         3,
@@ -204,8 +196,7 @@ class TrainConfig(Section):
         None,
         gt=0,
         description="Wall-clock budget of this command: when the next step would end past it (judged by the longest "
-        "of the "
-        "last three steps), the run checkpoints and stops with exit status 75 (EX_TEMPFAIL); the same command "
+        "of the last three steps), the run checkpoints and stops with exit status 75 (EX_TEMPFAIL); the same command "
         "with `--resume auto` continues it. None: no limit. For time-boxed jobs and preemptible slots.",
     )
     eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
@@ -214,8 +205,7 @@ class TrainConfig(Section):
         0,
         ge=0,
         description="Write a checkpoint every N steps and at the end (0: only at the end); a resume or a worker "
-        "restart loses "
-        "at most N steps.",
+        "restart loses at most N steps.",
     )
     keep_checkpoints: int = Field(
         2, ge=1, description="Checkpoints kept (the newest by step); the newest valid one is never deleted."

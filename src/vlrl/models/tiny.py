@@ -204,26 +204,13 @@ ANSWER_TAGS = ["<action>", "</action>", "<answer>", "</answer>"]
 # Qwen's chat format: `<|im_start|>role\n...<|im_end|>\n`, images and videos inline where they
 # appear in a message's content list. No default system prompt (as in Qwen3-VL-Instruct).
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}"
-    "{{- message['content'] -}}"
-    "{%- else -%}"
-    "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
-    "{%- elif 'text' in part -%}"
-    "{{- part['text'] -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- endif -%}"
+    "{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}"
+    "{%- for part in message['content'] -%}{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{- '<|im_end|>\\n' -}}{%- endfor -%}{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 # Qwen2/Qwen3's pre-tokenisation split (letters, single digits, punctuation runs, whitespace).

@@ -37,8 +37,7 @@ def registry_adapter(
     if info["files"] != "unchanged":
         raise VlrlError(
             f"{name} v{info['version']} ({alias}): its adapter at {info['source']} is {info['files']} since "
-            "registration; "
-            "register it again before serving it"
+            "registration; register it again before serving it"
         )
     spec = adapter_spec(f"{name}-{alias}", info["source"], tag=f"v{info['version']}")
     return spec, str(info["version"])

@@ -236,8 +236,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], where: s
         safe_keys = RESUME_SAFE_KEYS + _env_resume_safe_keys(current.get("env", {}).get("name"))
         raise VlrlError(
             f"cannot resume {where}: {', '.join(shown)}{more} differ from the checkpoint's config and would "
-            "change the run; "
-            f"resume with the checkpoint's values, or start a new run (another storage.run_name). "
+            f"change the run; resume with the checkpoint's values, or start a new run (another storage.run_name). "
             f"A resume may change only: {', '.join(safe_keys)}"
         )
     return allowed
@@ -410,8 +409,7 @@ class CheckpointStore:
             if name not in files:
                 raise VlrlError(
                     f"checkpoint step {step}: {name} was not written to {directory} (or is not visible from the "
-                    "driver); "
-                    "storage.root must be storage every node shares"
+                    "driver); storage.root must be storage every node shares"
                 )
         self._check_optimizer_shards(join(directory, OPTIMIZER), files)
         return {"format": FORMAT, "step": step, "world_size": world_size, "created": time.time(), "files": files}

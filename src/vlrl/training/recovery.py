@@ -142,8 +142,7 @@ class RecoveryMixin:
         if saved and saved != self._base_fingerprint():
             raise VlrlError(
                 f"cannot resume from {path}: model.path holds other base weights (fingerprint "
-                f"{self._base_fingerprint()}, "
-                f"the checkpoint's {saved})"
+                f"{self._base_fingerprint()}, the checkpoint's {saved})"
             )
         for split, version in state.get("split_versions", {}).items():
             if split_version(self.config.env, split) != version:

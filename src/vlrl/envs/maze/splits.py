@@ -269,8 +269,7 @@ def make_task(config: MazeEnvConfig, split: str, index: int, used: set[tuple[str
         raise VlrlError(
             f"env.{split}: {size}x{size} {layout} mazes have too few wall layouts to hold any out "
             f"(all {len(_spanning_trees(_rooms(layout, size)))} are mirror/rotation images of one another and "
-            "belong to train); "
-            f"use larger sizes for env.{split}.sizes"
+            f"belong to train); use larger sizes for env.{split}.sizes"
         )
     placed = 0
     for attempt in range(MAX_ATTEMPTS):
