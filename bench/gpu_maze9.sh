@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# The reference task on one GPU (issue 18): configs/gpu-maze9.yaml in three commands of at most
-# 10 minutes each, run back to back while the GPU machine stays warm (its /tmp survives 30 s
-# between calls): the run checkpoints and resumes across them.
+# The reference task on one GPU (issue 18): configs/gpu-maze9.yaml in three stages, each a command of
+# at most ~10 minutes; the run checkpoints to $WORK and resumes across them, so run them back to back
+# on the same machine:
 #
-#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh sft")     # model, SFT (7 min), first GRPO steps
-#   run(carry=[".gpuwhl"], command="OUT=$OUT bash bench/gpu_maze9.sh grpo")    # GRPO, --resume auto
-#   run(carry=[".gpuwhl"], command="OUT=$OUT FINAL_GRPO_S=60 bash bench/gpu_maze9.sh final")   # last GRPO step(s), evaluation, report
-# ARMS (below) trains several GRPO variants side by side from the same SFT model; give all three calls the same ARMS.
-# With the machine's start that is ~29 of a session's 30 device minutes: send them with nothing in between.
-# The final evaluation (3 models x 500 holdout + 500 adversarial mazes) takes ~7 of its 10 minutes
-# (2026-12-01: holdout 164 s), so FINAL_GRPO_S leaves it room. OVERHEAD=1 first runs
-# bench/per_image_overhead.py on the GPU (~2 min with its start; measured 2026-12-01, so off by default).
+#   OUT=DIR bash bench/gpu_maze9.sh sft                  # model, vision pretraining, SFT (7 min), first GRPO steps
+#   OUT=DIR bash bench/gpu_maze9.sh grpo                 # GRPO, --resume auto
+#   OUT=DIR FINAL_GRPO_S=60 bash bench/gpu_maze9.sh final   # last GRPO step(s), evaluation, report
 #
-# .gpuwhl holds pydantic's wheels, the only vlrl dependency the GPU image lacks on this path:
+# OUT (default /tmp/gpu-maze9-out) receives the logs, histories, evaluation summaries and archives;
+# WORK (default /tmp/maze9) holds the models and runs between stages. BUDGET_S caps each command.
+# ARMS (below) trains several GRPO variants side by side from the same SFT model; give all three
+# commands the same ARMS. The final evaluation (3 models x 500 holdout + 500 adversarial mazes) takes
+# most of a 10-minute command, so FINAL_GRPO_S leaves it room. OVERHEAD=1 first runs
+# bench/per_image_overhead.py on the GPU (~2 min with its start, so off by default).
+#
+# pydantic is the only vlrl dependency some GPU images lack on this path; wheels put in .gpuwhl/ are
+# installed into /tmp/site first, e.g.:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .gpuwhl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # SMOKE=1 runs the same stages on a CPU with a tiny model and small budgets (a check of the script).
@@ -46,17 +49,17 @@ fi
 SFT_SET=("${SET[@]}" model.path=$WORK/model)
 # The look drill (LOOK_MIN minutes, 0: none) on the random model, then the walk's SFT for the rest
 # of the 7 minutes (SFT_MIN): single-turn maze_look episodes with the agent anywhere. Off by default:
-# on 2026-12-02 the maze9 model stayed blind through 2,080 drill steps, and the walk's SFT from the
-# drilled model ended at loss 0.25 where the random model's is ~0.10 (bench/RESULTS.md).
+# the drill did not teach the maze9 model to see, and the walk's SFT from the drilled model ended at
+# a higher loss than from the random model (bench/results/2026-12-02-h200-maze9-look-drill/).
 LOOK_MIN=${LOOK_MIN:-0}
 # Perception pretraining first (VISION_MIN minutes, 0: none): the vision tower learns, from dense
 # labels on every block, which blocks are walls and which moves are open (vlrl model pretrain-vision).
-# 2026-12-02: every label of 200 holdout images right from step 250 (6 s) of a 2.5-minute budget,
-# so 0.75 min keeps a 7x margin and gives SFT the rest.
+# The tower reads every label within a few hundred steps, seconds on a GPU, so 0.75 min leaves a wide
+# margin and gives SFT the rest (bench/results/2026-12-02-h200-maze9-vision-pretrain/).
 VISION_MIN=${VISION_MIN:-0.75}
 SFT_MIN=${SFT_MIN:-$(python3 -c "print(7.0 - $LOOK_MIN - $VISION_MIN)")}
 # Batches of 64 (LOOK_BATCH): the drill's loss drops suddenly after a plateau, so steps count more
-# than examples (2026-12-02: 391 steps of 256 in 2.5 min stayed on the plateau, blind).
+# than examples (batches of 256 stayed on the plateau; same report as LOOK_MIN).
 LOOK_SET=("${SET[@]}" model.path=$WORK/model env.name=maze_look env.placement=random env.max_turns=1
           train.sft.batch_size=${LOOK_BATCH:-64} train.sft.noise=0 train.sft.episodes=100000 train.sft.epochs=20
           train.sft.max_minutes=$LOOK_MIN)
@@ -70,9 +73,8 @@ GRPO_SET=("${SET[@]}" model.path=$WORK/sft-model model.init_tiny=null)
 # process and run (runs/gpu-maze9-NAME), so an A/B costs no more device minutes than one run:
 #   ARMS="gigpo=algo.step_advantage_weight=1,model.lora.include_vision=false lm=model.lora.include_vision=false"
 # (NAME=overrides, comma-separated). The default is one arm, "grpo", with no overrides beyond GRPO_SET.
-# Measured 2026-12-02 (bench/RESULTS.md, fifth session): two arms took 71 s a step each where one
-# alone takes 33-40 s, so together they trained no faster than one after the other, and each held
-# ~49 GB: a third arm ran out of GPU memory. Arms buy a same-SFT-start comparison, not speed.
+# Arms side by side train no faster than one after the other on one H200, and a third arm ran out of
+# GPU memory (bench/results/2026-12-02-h200-maze9-gigpo/). Arms buy a same-SFT-start comparison, not speed.
 ARMS=${ARMS:-grpo=}
 ARM_NAMES=()
 for spec in $ARMS; do ARM_NAMES+=("${spec%%=*}"); done
@@ -130,8 +132,8 @@ sft)
     LOOK_SET+=(model.path=$WORK/seeing-model model.init_tiny=null)
   fi
   if [ "$LOOK_MIN" != 0 ]; then
-    # The look drill first (maze_look, see docs/maze.md): the 2026-12-01 run's SFT model,
-    # trained on the walk alone, never read the walls: its first move depended on the start corner only.
+    # The look drill first (maze_look, see docs/maze.md): an SFT model trained on the walk alone
+    # need not read the walls (its first move can depend on the start corner only).
     stamp "look: the random maze9 model learns to name the open moves around the agent ($LOOK_MIN min)"
     $PY -m vlrl.cli sft $CFG "${LOOK_SET[@]}" -o $WORK/look-model --overwrite
     echo "look sft exit $?"

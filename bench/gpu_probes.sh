@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The vision-tower probes (bench/vision_probe.py) on the GPU, one after another, beside the GPU
-# recipe (they are small). $OUT/vision_probes.json holds every probe finished so far, so a
-# timeout loses only the one running. Needs pydantic importable first (.gpuwhl, see gpu_maze9.sh).
-#   OUT=$OUT PROBE_STEPS=1500 timeout 200 bash bench/gpu_probes.sh > $OUT/probes.log 2>&1 &
+# The vision-tower probes (bench/vision_probe.py) on the GPU, one after another (they are small
+# enough to run beside the GPU recipe). $OUT/vision_probes.json (default OUT=/tmp/probes-out) holds
+# every probe finished so far, so a timeout loses only the one running. Needs vlrl's dependencies
+# importable (pydantic: see .gpuwhl in gpu_maze9.sh).
+#   OUT=DIR PROBE_STEPS=1500 timeout 200 bash bench/gpu_probes.sh > DIR/probes.log 2>&1
 set -uo pipefail
 OUT=${OUT:-/tmp/probes-out}; P=/tmp/probes; mkdir -p "$OUT" $P
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# One device session for issue 10: the 8B-shape GRPO benchmark, vlrl's fast rollout path and its
+# The 8B-shape GRPO benchmark (issue 10) on one GPU machine: vlrl's fast rollout path and its
 # transformers-generate path, TRL side by side, and Ray scaling over the host's GPUs.
 #
-# Here, once: ../shared/tools/device-bundle (writes .devbundle/; or use build/devbundle) and the wheels
-# TRL and vlrl need that the GPU image lacks, into .whl/ (both ignored by git):
+#   OUT=DIR bash bench/gpu_session.sh lanes        # two GPUs
+#   OUT=DIR bash bench/gpu_session.sh sequential   # one GPU
+#
+# OUT (default /tmp/gpu-session) receives session.log and the JSON of each benchmark; BUDGET (default
+# 570 s) caps the whole. Wheels in .whl/ are installed into /tmp/site first (TRL and what it needs,
+# where the GPU image lacks them), e.g.:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pydantic pydantic-core \
 #     annotated-types typing-inspection
-# Then: run(kind="nvidia-h200-x2", carry=[".whl", "build/devbundle"], command="bash bench/gpu_session.sh lanes")
-#   or: run(kind="nvidia-h200", carry=[".whl"], command="bash bench/gpu_session.sh sequential")
+# A Ray install under $BUNDLE (default build/devbundle, with a setup.sh) is set up first when present.
 #
-# lanes (two GPUs): lane GPU 0 runs vlrl (fast path, then generate path) while lane GPU 1 runs TRL
-# and then writes the model directory the Ray workers load; then Ray runs 1 and 2 workers. The
-# lanes share the host's CPUs, which slows the CPU-bound parts of both sides.
+# lanes (two GPUs): GPU 0 runs vlrl (fast path, then generate path) while GPU 1 runs TRL and then
+# writes the model directory the Ray workers load; then Ray runs 1 and 2 workers. The lanes share
+# the host's CPUs, which slows the CPU-bound parts of both sides.
 # sequential (one GPU, nothing else running): vlrl fast path, TRL, vlrl fast path with the decode
 # step compiled, then the generate path if time is left.
-# Every phase has a time limit, so the whole stays under the device's 10-minute command limit and
-# what was measured comes back in $OUT.
+# Every phase has a time limit, so the whole stays under BUDGET and what was measured is in $OUT.
 set -uo pipefail
 MODE=${1:-lanes}
 OUT=${OUT:-/tmp/gpu-session}

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The vLLM engine on one H200 (issue 16): correctness checks, a short training run, and the GRPO
+# The vLLM engine on one GPU (issue 16): correctness checks, a short training run, and the GRPO
 # benchmark with vLLM rollouts side by side with TRL + its colocated vLLM. Every phase has its own
-# time limit and writes what it measured to $OUT, so a phase that fails or runs long costs only itself.
+# time limit and writes what it measured to $OUT (default /tmp/gpu-vllm), so a phase that fails or
+# runs long costs only itself.
 #
-# Here, once (CPU machine, checkout root):
-#   ../shared/tools/vllm-gpu-bundle        # .vg0 .vg1 .vg2 (parts of vLLM 0.24.0) and .vg/setup.sh
+#   OUT=DIR bash bench/gpu_vllm.sh checks   # bench/gpu_vllm_checks.py + a 5-step train with vLLM rollouts
+#   OUT=DIR bash bench/gpu_vllm.sh bench    # 8B-shape step: vlrl + vLLM, TRL + vLLM
+#   OUT=DIR bash bench/gpu_vllm.sh serve    # vlrl serve under load, with swaps
+#   OUT=DIR bash bench/gpu_vllm.sh extra    # update memory (issue 17), no vLLM needed
+#
+# Every mode but extra first runs .vg/setup.sh, which must make a GPU build of vLLM importable
+# (the script puts /tmp/vllm-site first on PYTHONPATH). Wheels in .whl/ (TRL for `bench`) are
+# installed into /tmp/site first, e.g.:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
-#     trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19       # TRL, for `bench`
-# There, back to back while the machine stays warm (it keeps /tmp for 30 s after a call):
-#   run(carry=[".vg0"], command="bash .vg0/stash.sh")   # likewise .vg1, .vg2
-#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh checks")     # checks + 5-step train
-#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh bench")      # 8B-shape step: vlrl+vLLM, TRL+vLLM
-#   run(carry=[".vg", ".whl"], command="bash bench/gpu_vllm.sh serve")      # vlrl serve under load, swaps
-#   run(carry=[".whl"], command="bash bench/gpu_vllm.sh extra")             # update memory (issue 17)
+#     trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 set -uo pipefail
 MODE=${1:-checks}
 OUT=${OUT:-/tmp/gpu-vllm}

@@ -13,7 +13,8 @@ Checks (each one asserted, its figures written to --out as JSON):
 6. sleep (level 1) frees GPU memory and wake restores it, and generation after waking still matches.
 
 bf16 tolerances are what this script asserts (`--max-gap`, `--min-identical`); the figures
-observed on an H200 are in bench/RESULTS.md. Run through bench/gpu_vllm.sh on the device.
+observed on an H200 are in bench/RESULTS.md. Runs on one GPU with vLLM installed, alone or as
+`bash bench/gpu_vllm.sh checks`.
 
     python bench/gpu_vllm_checks.py --model-dir /tmp/tiny-ci --out /tmp/checks.json
 """

@@ -13,8 +13,7 @@ it also counts which control each episode's first click hit, top to bottom: a mo
 clicks the target's row; one that does not tends to click the same row whatever the instruction.
 
     python bench/gui_label_blind.py -c configs/gui-cpu.yaml --level 2 --size 128 --split holdout
-    python bench/gui_label_blind.py --level 2 --size 128 --traces
-    bench/gui-2026-12-01/level2-seed0-sft-holdout-traces.jsonl.gz
+    python bench/gui_label_blind.py --level 2 --size 128 --traces EVAL/sft/traces.jsonl.gz
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ oracle plays every episode through `GuiEnv.step` (the same code path as a model)
 also replays every trace from its JSON alone and counts mismatches, and (with --adversarial)
 does the same on the adversarial split. Optionally writes one example screenshot per level.
 
-    python bench/gui_oracle.py --apps 1000 --out bench/results-gui-oracle.json
+    python bench/gui_oracle.py --apps 1000 --adversarial --out gui_oracle.json
     python bench/gui_oracle.py --apps 1000 --images docs/images/gui
 """
 

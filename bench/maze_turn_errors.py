@@ -4,14 +4,13 @@ to the goal), a wrong branch (open, but away from the goal), a bump (into a wall
 
 "While winnable" counts only the turns taken while the goal could still be reached (and stopped
 on) in the turns left: late turns are mostly turns of episodes already lost, so the right-move rate
-of all turns by turn number mixes skill with selection (2026-12-02: it made GRPO look worse at late
-turns, where every model is near perfect while the goal is still reachable).
+of all turns by turn number mixes skill with selection (it can make a model look worse at late
+turns, where every model may be near perfect while the goal is still reachable).
 
 A model that cannot see the walls still learns the start corner's commonest first move: the
-first table then shows one move per start, whatever the maze (2026-12-01, 9x9 on an H200).
+first table then shows one move per start, whatever the maze.
 
-    PYTHONPATH=src python bench/maze_turn_errors.py bench/gpu-maze9-2026-12-01b/eval-holdout/sft/traces.jsonl.gz [--json
-    OUT]
+    python bench/maze_turn_errors.py EVAL/sft/traces.jsonl.gz [MORE_TRACES...] [--json turns.json]
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ The maze_look drill without the language model: the vision tower of a tiny model
 weights), its merged tokens summed, one linear layer to four logits (up/down/left/right open),
 binary cross-entropy on block mazes with the agent anywhere; exact-set accuracy on holdout mazes
 every `--every` steps. A small CNN (three 3x3 convolutions over the 8x8-patch grid) is the
-reference: on 7x7 mazes it went from chance to 100% between steps 250 and 500 (2026-12-02, CPU),
-while the "ci" vision tower stayed at chance for 1,250 steps. With the tower's heads started local
-(`--local-init 48`) it stayed at chance too (500 steps, 2026-12-02): one answer per image is too weak a
-signal for this tower; dense labels on every square (`vlrl model pretrain-vision`) are what taught it.
+reference: it learns the look within a few hundred steps where the tiny vision towers stay at
+chance, also with their heads started local (`--local-init 48`): one answer per image is too weak a
+signal for these towers; dense labels on every square (`vlrl model pretrain-vision`) are what taught
+them (bench/results/2026-12-02-h200-maze9-look-drill/).
 
-    python bench/vision_probe.py --model-dir runs/models/maze9 --size 9 --steps 2000 --lr 1e-3 --device cuda --out
-    probe.json
+    python bench/vision_probe.py --model-dir runs/models/maze9 --size 9 --steps 2000 --lr 1e-3 --device cuda \
+        --out probe.json
     python bench/vision_probe.py --cnn --size 7 --steps 600 --out cnn.json
 """
 

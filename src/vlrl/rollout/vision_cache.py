@@ -116,8 +116,8 @@ def per_image_features(
     """(embeddings per image, per deepstack layer: features per image) of a `get_image_features` output.
 
     transformers 5.19 splits both by image; 5.17 (the GPU image's) splits the embeddings only and
-    returns each deepstack layer as one [all tokens, hidden] tensor: indexing that by image took a
-    token's row instead (found on an H200, 2026-12-02). Tensors are split here, so either works."""
+    returns each deepstack layer as one [all tokens, hidden] tensor, where indexing by image would take
+    a token's row instead. Tensors are split here, so either form works."""
     sizes = (grids.prod(-1) // (merge * merge)).tolist()
 
     def split(x):

@@ -15,7 +15,7 @@ where it stands, `<answer>up left</answer>` (any order, each move once); it succ
 exactly right. With `placement: random` the agent stands anywhere, so the answer cannot be
 guessed from the start corner: it checks whether a model reads the blocks around the agent (a
 blind model scores the commonest set's share), and `bench/gpu_maze9.sh` can run it as a first
-SFT stage (`LOOK_MIN`; it did not teach maze9 to see, bench/RESULTS.md 2026-12-02).
+SFT stage (`LOOK_MIN`; off by default: it did not teach maze9 to see, bench/results/2026-12-02-h200-maze9-look-drill/).
 
 `maze_plan`: one turn; the model answers the whole path, `<answer>right down down</answer>`
 (moves separated by spaces or commas, last tag counts). The path is simulated from the start
