@@ -134,10 +134,10 @@ def model_identity(model_dir: str | Path, adapter_dir: str | None) -> dict[str, 
 
 def load_engine(config: RunConfig, adapter_dir: str | None):
     """A model (`config.model.path` + optional adapter) with a transformers engine and its chat format."""
-    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
+    from vlrl.models.loading import ensure_model, load_policy_model, worker_device
     from vlrl.models.lora import load_adapter
     from vlrl.models.processor import load_processor
-    from vlrl.rollout.hf_engine import TransformersEngine
+    from vlrl.rollout.factory import build_engine
     from vlrl.rollout.sequence import ChatFormat
 
     model_dir = ensure_model(config.model)
@@ -151,21 +151,7 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     )
     if adapter_dir:
         model = load_adapter(model, adapter_dir)
-    tok = processor.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else chat.eos_id
-    engine = TransformersEngine(
-        model,
-        tok,
-        vision_special_token_ids(processor),
-        eos_token_id=chat.eos_id,
-        pad_token_id=pad,
-        batch_size=config.rollout.batch_size,
-        max_batch_tokens=config.rollout.max_batch_tokens,
-        vision_cache_mb=config.rollout.vision_cache_mb,
-        fast_decode=config.rollout.fast_decode,
-        compile_decode=config.rollout.compile_decode,
-    )
-    return engine, chat
+    return build_engine(config, chat, model, engine="transformers"), chat
 
 
 def result_dir_name(label: str, decoding: str) -> str:
