@@ -40,12 +40,12 @@ def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
     """Refuse to evaluate on tasks that share content with the training split.
 
     Environments that can answer without listing the training split (the maze: whether train owns
-    the task's wall layout) provide `train_overlap`; others are compared with every training task
-    by content hash.
+    the task's wall layout) implement `train_overlap`; for others (it returns None) the tasks are
+    compared with every training task by content hash.
     """
-    cls = env_class(config.env.name)
-    if hasattr(cls, "train_overlap"):
-        overlap = [t.task_id for t in cls.train_overlap(config.env, list(tasks))]
+    found = env_class(config.env.name).train_overlap(config.env, list(tasks))
+    if found is not None:
+        overlap = [t.task_id for t in found]
     else:
         overlap = [a.task_id for a, _ in overlapping_tasks(list(tasks), build_split(config.env, "train"))]
     if overlap:

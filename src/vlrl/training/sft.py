@@ -204,7 +204,7 @@ def run_sft(
     from vlrl.tracking.tracker import RunTracker
 
     noise = config.train.sft.noise
-    if noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
+    if noise > 0 and not env_class(config.env.name).gives_random_responses():
         raise VlrlError(
             f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
             "(a random_response(rng) method); set train.sft.noise=0"
