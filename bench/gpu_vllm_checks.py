@@ -94,7 +94,7 @@ def main() -> int:
     from vlrl.envs.base import build_split, make_env
     from vlrl.rollout.engine import SamplingParams
     from vlrl.rollout.episodes import run_episodes
-    from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
+    from vlrl.rollout.factory import build_engine
     from vlrl.training.worker import Worker
 
     if not Path(args.model_dir, "config.json").is_file():
@@ -132,19 +132,15 @@ def main() -> int:
     t0 = time.perf_counter()
     free = (lambda: torch.cuda.mem_get_info()[0]) if gpu else (lambda: 0)
     free0 = free()
-    engine = VLLMEngine(
-        args.model_dir,
-        worker.processor.tokenizer,
-        worker.suppress,
-        eos_token_id=worker.chat.eos_id,
-        lora_config=vllm_lora_config(worker.model),
-        dtype=dtype,
-        max_model_len=2048,
-        kv_cache_memory_mb=64,
-        max_images=cfg.env.max_turns,
-        max_num_seqs=64,
+    engine = build_engine(
+        cfg,
+        worker.chat,
+        worker.model,
+        engine="vllm",
+        model_dir=args.model_dir,
         gpu_memory_utilization=args.memory_share,
-        use_gpu=gpu,
+        kv_cache_memory_mb=64,
+        max_num_seqs=64,
         seed=0,
     )
     results["engine"] = {

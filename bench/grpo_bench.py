@@ -206,7 +206,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     from vlrl.models.lora import adapter_state_dict, apply_lora, load_adapter_state_dict
     from vlrl.rollout.engine import SamplingParams
     from vlrl.rollout.episodes import RolloutStats, run_episodes
-    from vlrl.rollout.hf_engine import TransformersEngine
+    from vlrl.rollout.factory import build_engine
     from vlrl.rollout.sequence import ChatFormat
     from vlrl.training.policy import Policy
 
@@ -230,15 +230,13 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     policy = Policy(model, config, suppress, pad_id, total_optimizer_steps=total_steps)
     memory_log: dict[str, float] = {}
     if settings.engine == "vllm":
-        engine = make_vllm_engine(settings, model, processor, chat, suppress, memory_log)
+        engine = make_vllm_engine(settings, config, model, chat, memory_log)
     else:
-        engine = TransformersEngine(
+        engine = build_engine(
+            config,
+            chat,
             model,
-            tokenizer,
-            suppress,
-            eos_token_id=chat.eos_id,
-            pad_token_id=pad_id,
-            batch_size=config.rollout.batch_size,
+            engine="transformers",
             shares_policy=True,
             fast_decode={"on": True, "off": False}.get(settings.fast_decode, "auto"),
             compile_decode=settings.compile_decode,
@@ -442,11 +440,10 @@ def save_preset(path: Path, settings: BenchSettings) -> float:
     return time.perf_counter() - t0
 
 
-def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, memory_log: dict[str, float]):
+def make_vllm_engine(settings: BenchSettings, config, model, chat, memory_log: dict[str, float]):
     """vlrl's vLLM engine beside the policy on the same device, sized as `vlrl train` sizes it."""
     from vlrl.models.lora import adapter_state_dict
-    from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
-    from vlrl.training.worker import vllm_memory_share
+    from vlrl.rollout.factory import build_engine, vllm_memory_share
 
     device = settings.resolved_device()
     cuda = device.type == "cuda"
@@ -455,20 +452,18 @@ def make_vllm_engine(settings: BenchSettings, model, processor, chat, suppress, 
         share = vllm_memory_share(settings.gpu_memory_utilization, *torch.cuda.mem_get_info(device))
         memory_log["vllm_share"] = share
     rows = max([settings.prompts * settings.samples, *settings.decode_sweep])
-    engine = VLLMEngine(
-        settings.model,
-        processor.tokenizer,
-        suppress,
-        eos_token_id=chat.eos_id,
-        lora_config=vllm_lora_config(model),
-        dtype=settings.dtype,
+    engine = build_engine(
+        config,
+        chat,
+        model,
+        engine="vllm",
+        model_dir=settings.model,
+        gpu_memory_utilization=share,
         max_model_len=1024,
         max_images=1,
         max_num_seqs=rows,
         kv_cache_memory_mb=256,
-        gpu_memory_utilization=share,
         use_gpu=cuda,
-        seed=settings.seed,
         extra_args={
             "compilation_config": {
                 "cudagraph_capture_sizes": sorted({1, 8, 16, 32, 64, 128, rows} | set(settings.decode_sweep))

@@ -38,8 +38,8 @@ from per_image_overhead import bench_parser, bench_setup  # noqa: E402
 
 from vlrl.envs.base import make_env  # noqa: E402
 from vlrl.models.loading import load_policy_model  # noqa: E402
-from vlrl.rollout.hf_engine import _StaticDecoder  # noqa: E402
 from vlrl.rollout.sequence import ChatFormat  # noqa: E402
+from vlrl.rollout.static_decoder import StaticDecoder  # noqa: E402
 
 
 def oracle_turns(config, chat: ChatFormat, tasks, max_turns: int) -> list[list]:
@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
     model = load_policy_model(model_dir, dtype=args.dtype).to(device).eval()
 
     modes = {"uncached": 0, "cached": None}
-    decoders = {mode: _StaticDecoder(model, vision_cache_mb=mb) for mode, mb in modes.items()}
+    decoders = {mode: StaticDecoder(model, vision_cache_mb=mb) for mode, mb in modes.items()}
     rows: dict[str, list[dict]] = {mode: [] for mode in modes}
     last_logits: dict[str, list[torch.Tensor]] = {mode: [] for mode in modes}
     with torch.no_grad():
-        _StaticDecoder(model, vision_cache_mb=0)._prefill(turns[0][:1], pad, device)  # warm-up, not counted
+        StaticDecoder(model, vision_cache_mb=0)._prefill(turns[0][:1], pad, device)  # warm-up, not counted
         for t, prompts in enumerate(turns):
             # The modes take turns going first, so neither always runs on a cold cache or allocator.
             for mode in list(modes) if t % 2 == 0 else list(modes)[::-1]:

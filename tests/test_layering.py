@@ -57,6 +57,7 @@ VIOLATIONS = [
     pytest.param("errors.py", "vlrl.config", "layers", id="errors-import-config"),
     # Inside packages.
     pytest.param("rollout/hf_engine.py", "vlrl.rollout.vllm_engine", "rollout", id="engine-imports-engine"),
+    pytest.param("rollout/static_decoder.py", "vlrl.rollout.hf_engine", "rollout", id="decoder-imports-engine"),
     pytest.param("training/recovery.py", "vlrl.training.trainer", "training", id="recovery-imports-trainer"),
     pytest.param("training/sft.py", "vlrl.training.worker", "training", id="sft-imports-worker"),
     pytest.param("eval/stats.py", "vlrl.eval.evaluate", "eval", id="stats-import-evaluate"),

@@ -15,8 +15,9 @@ from vlrl.models.loading import load_policy_model, vision_special_token_ids
 from vlrl.models.lora import apply_lora
 from vlrl.models.processor import load_processor
 from vlrl.rollout.engine import SamplingParams
-from vlrl.rollout.hf_engine import TransformersEngine, _StaticDecoder
+from vlrl.rollout.hf_engine import TransformersEngine
 from vlrl.rollout.sequence import ChatFormat
+from vlrl.rollout.static_decoder import StaticDecoder
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_greedy_completions_match_generate_token_for_token(parts):
 
 def test_padded_rows_and_several_samples_per_prompt(parts, monkeypatch):
     # As on CUDA, where rows are padded to a power of two (here 3 prompts x 3 samples -> 16 rows).
-    monkeypatch.setattr(_StaticDecoder, "bucket_rows_on_cpu", True)
+    monkeypatch.setattr(StaticDecoder, "bucket_rows_on_cpu", True)
     engine = _engine(parts, True)
     out = engine.generate(parts[3], SamplingParams(n=3, temperature=0.0, max_new_tokens=10))
     reference = _engine(parts, False).generate(parts[3], SamplingParams(n=1, temperature=0.0, max_new_tokens=10))

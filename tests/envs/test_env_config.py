@@ -12,7 +12,16 @@ from typer.testing import CliRunner
 
 from vlrl.cli import app
 from vlrl.config import RunConfig, config_to_yaml, describe_fields, load_config
-from vlrl.envs.base import Observation, StepResult, Task, register_env, registered_envs, task_group, task_group_label
+from vlrl.envs.base import (
+    Env,
+    Observation,
+    StepResult,
+    Task,
+    register_env,
+    registered_envs,
+    task_group,
+    task_group_label,
+)
 from vlrl.envs.config import EnvConfigBase
 from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.errors import ConfigError, VlrlError
@@ -25,7 +34,7 @@ class CounterConfig(EnvConfigBase):
 
 
 @register_env("toy_counter", config=CounterConfig)
-class CounterEnv:
+class CounterEnv(Env):
     """Say `more` until the count reaches `target` (times the task's level), then `done`."""
 
     system_prompt = "Count."
@@ -75,6 +84,10 @@ class CounterEnv:
 
     def oracle_response(self) -> str:
         return "done" if self.count == self.config.target * self.task.params["level"] else "more"
+
+    @classmethod
+    def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:
+        return {"matches": False, "problems": ["the toy env's traces record no responses"]}
 
 
 def _load(tmp_path, text: str, *overrides: str) -> RunConfig:
@@ -131,9 +144,11 @@ def test_run_config_built_in_python_dispatches_too():
 
 def test_register_env_checks_the_config_class():
     with pytest.raises(VlrlError, match="needs config="):
-        register_env("toy_no_config")(type("NoConfig", (), {}))
+        register_env("toy_no_config")(type("NoConfig", (Env,), {}))
     with pytest.raises(VlrlError, match="must build from defaults with name 'toy_other'"):
-        register_env("toy_other", config=CounterConfig)(type("Other", (), {}))
+        register_env("toy_other", config=CounterConfig)(type("Other", (Env,), {}))
+    with pytest.raises(VlrlError, match="must be a subclass of vlrl.envs.base.Env"):
+        register_env("toy_plain", config=CounterConfig)(type("Plain", (), {}))
     assert "toy_no_config" not in registered_envs() and "toy_other" not in registered_envs()
 
 
@@ -213,10 +228,10 @@ def test_a_plugin_registers_through_the_vlrl_envs_entry_point(tmp_path):
     import os
 
     (tmp_path / "plug_env.py").write_text(
-        "from typing import Literal\nfrom vlrl.envs.base import register_env\n"
+        "from typing import Literal\nfrom vlrl.envs.base import Env, register_env\n"
         "from vlrl.envs.config import EnvConfigBase\nclass PlugConfig(EnvConfigBase):\n"
         "    name: Literal['plug'] = 'plug'\n    level: int = 1\n@register_env('plug', config=PlugConfig)\n"
-        "class PlugEnv:\n    pass\n"
+        "class PlugEnv(Env):\n    pass\n"
     )
     dist = tmp_path / "plug_env-0.1.dist-info"
     dist.mkdir()
@@ -243,7 +258,7 @@ def test_an_env_without_task_groups_is_one_group():
         name: Literal["toy_flat"] = Field("toy_flat", description="An env without task groups.")
 
     @register_env("toy_flat", config=FlatConfig)
-    class FlatEnv:
+    class FlatEnv(Env):
         pass
 
     task = Task("toy_flat", "holdout", 0, 0, {})

@@ -19,8 +19,9 @@ from vlrl.models.loading import load_policy_model, vision_special_token_ids
 from vlrl.models.lora import adapter_state_dict, apply_lora
 from vlrl.models.processor import load_processor
 from vlrl.rollout.engine import SamplingParams
-from vlrl.rollout.hf_engine import TransformersEngine, _StaticDecoder
+from vlrl.rollout.hf_engine import TransformersEngine
 from vlrl.rollout.sequence import ChatFormat
+from vlrl.rollout.static_decoder import StaticDecoder
 from vlrl.rollout.vision_cache import VisionFeatureCache, cached_features_problem
 
 ACTIONS = ["up", "down", "left", "right"]
@@ -73,7 +74,7 @@ def _play(chat, seq, conversation: int, turn: int, size=None) -> None:
     seq.extend(chat.observation_piece(Observation([picture], f"turn {turn}"), response_ended=True))
 
 
-def _prefill(decoder: _StaticDecoder, prompts, pad_id: int):
+def _prefill(decoder: StaticDecoder, prompts, pad_id: int):
     with torch.no_grad():
         logits, kv, mask, next_pos = decoder._prefill(prompts, pad_id, torch.device("cpu"))
     return logits, kv, mask, next_pos
@@ -103,7 +104,7 @@ def test_cached_prefill_equals_uncached_cold_and_warm(parts):
     model, processor, _, convs = parts
     pad = processor.tokenizer.pad_token_id
     prompts = list(convs)
-    cached, uncached = _StaticDecoder(model), _StaticDecoder(model, vision_cache_mb=0)
+    cached, uncached = StaticDecoder(model), StaticDecoder(model, vision_cache_mb=0)
     assert cached.vision_cache.enabled and cached._cache_problem is None and not uncached.vision_cache.enabled
 
     cold = _prefill(cached, prompts, pad)
@@ -127,15 +128,15 @@ def test_cache_bound_is_respected_and_results_stay_exact(parts):
     model, processor, _, convs = parts
     pad = processor.tokenizer.pad_token_id
     prompts = list(convs)
-    probe = _StaticDecoder(model)
+    probe = StaticDecoder(model)
     _prefill(probe, prompts[:1], pad)
     one = next(iter(probe.vision_cache.entries.values())).nbytes
-    small = _StaticDecoder(model)
+    small = StaticDecoder(model)
     small.vision_cache = VisionFeatureCache(int(2.5 * one))  # room for two images, the batch has more
     for batch in (prompts, _next_turn(parts)):
         out = _prefill(small, batch, pad)
         assert small.vision_cache.bytes <= small.vision_cache.max_bytes and len(small.vision_cache.entries) == 2
-        _assert_same_prefill(out, _prefill(_StaticDecoder(model, vision_cache_mb=0), batch, pad))
+        _assert_same_prefill(out, _prefill(StaticDecoder(model, vision_cache_mb=0), batch, pad))
 
 
 def _engine(parts, **kw) -> TransformersEngine:
@@ -171,7 +172,7 @@ def test_changed_lora_weights_drop_the_cached_features(parts, through_update_ada
         after = _prefill(decoder, prompts, pad)
         assert decoder.vision_stats["encoded"] == len({id(t) for p in prompts for t in p.pixel_values})
         assert decoder.vision_cache.invalidations == 1
-        _assert_same_prefill(after, _prefill(_StaticDecoder(model, vision_cache_mb=0), prompts, pad))
+        _assert_same_prefill(after, _prefill(StaticDecoder(model, vision_cache_mb=0), prompts, pad))
         assert not torch.allclose(after[0], before[0], atol=1e-4)
     finally:
         from vlrl.models.lora import load_adapter_state_dict
@@ -231,7 +232,7 @@ def test_models_without_the_pieces_keep_their_own_forward(parts):
     assert cached_features_problem(NoFeatures(), base.model.language_model) is not None
     assert cached_features_problem(base.model, torch.nn.Linear(2, 2)) is not None
     assert cached_features_problem(base.model, base.model.language_model) is None
-    decoder = _StaticDecoder(model)
+    decoder = StaticDecoder(model)
     decoder._cache_problem = "stub"
     prompts = list(parts[3])
     out = _prefill(decoder, prompts, parts[1].tokenizer.pad_token_id)
@@ -240,7 +241,7 @@ def test_models_without_the_pieces_keep_their_own_forward(parts):
         and not decoder.vision_cache.entries
     )
     _assert_same_prefill(
-        out, _prefill(_StaticDecoder(model, vision_cache_mb=0), prompts, parts[1].tokenizer.pad_token_id)
+        out, _prefill(StaticDecoder(model, vision_cache_mb=0), prompts, parts[1].tokenizer.pad_token_id)
     )
 
 
@@ -258,9 +259,9 @@ def test_deepstack_features_as_one_tensor_per_layer_give_the_same_prefill(parts,
         out.deepstack_features = [torch.cat(list(f), dim=0) for f in out.deepstack_features]
         return out
 
-    reference = _prefill(_StaticDecoder(model, vision_cache_mb=0), list(convs), pad)
+    reference = _prefill(StaticDecoder(model, vision_cache_mb=0), list(convs), pad)
     monkeypatch.setattr(vlm, "get_image_features", concatenated)
-    decoder = _StaticDecoder(model)
+    decoder = StaticDecoder(model)
     assert decoder._cache_problem is None
     _assert_same_prefill(_prefill(decoder, list(convs), pad), reference)
     assert decoder.vision_stats["encoded"] > 1

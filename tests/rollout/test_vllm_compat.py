@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from vlrl.errors import VlrlError
+from vlrl.rollout.factory import POLICY_HEADROOM_BYTES, vllm_memory_share
 from vlrl.rollout.vllm_compat import ALLOW_UNSUPPORTED_ENV, check_vllm_version, parse_version
-from vlrl.training.worker import POLICY_HEADROOM_BYTES, vllm_memory_share
 
 GIB = 2**30
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from vlrl.envs.base import StepResult, build_split, make_env, register_env
 from vlrl.envs.maze.env import MazeEnv, parse_action
-from vlrl.rollout.hf_engine import _StaticDecoder
+from vlrl.rollout.static_decoder import StaticDecoder
 from vlrl.training.trainer import GRPOTrainer
 
 
@@ -307,7 +307,7 @@ def test_the_vision_cache_changes_nothing_a_run_computes(ci_config, formatted_mo
             decoder._prefill(prompts, pad, torch.device("cpu"))  # its features are cached now
         history.append(trainer.step().values)  # trains the vision LoRA
         with torch.no_grad():
-            fresh = _StaticDecoder(trainer.worker.model, vision_cache_mb=0)._prefill(prompts, pad, torch.device("cpu"))[
+            fresh = StaticDecoder(trainer.worker.model, vision_cache_mb=0)._prefill(prompts, pad, torch.device("cpu"))[
                 0
             ]
             served = decoder._prefill(prompts, pad, torch.device("cpu"))[0]

@@ -50,12 +50,12 @@ def _env_config(config: Path | None, env: str | None, overrides: list[str] | Non
 def _task(config: EnvConfigBase, split: str, index: int, seed: int | None) -> Task:
     """The ad-hoc task of `seed`, or task `index` of `split`."""
     if seed is not None:
-        cls = env_class(config.name)
-        if not hasattr(cls, "adhoc_task"):
+        task = env_class(config.name).adhoc_task(config, seed)
+        if task is None:
             raise VlrlError(
                 f"env '{config.name}' makes no ad-hoc tasks by seed; pick a split's task with --split and --index"
             )
-        return cls.adhoc_task(config, seed)
+        return task
     tasks = build_split(config, split)
     if index >= len(tasks):
         raise VlrlError(f"--index {index}: split {split} has {len(tasks)} tasks")
@@ -108,8 +108,9 @@ def _read_line() -> str | None:
 
 def _show(episode, text: str) -> None:
     """The env's text drawing of its state (when it has one), then `text`."""
-    if hasattr(episode, "render_text"):
-        console.print(episode.render_text(), highlight=False)
+    drawing = episode.render_text()
+    if drawing is not None:
+        console.print(drawing, highlight=False)
     console.print(text, highlight=False)
 
 
@@ -149,7 +150,7 @@ def play(
             if line is None or line.lower() in {"q", "quit", "exit"}:
                 console.print("\nquit.")
                 break
-            response = episode.format_response(line) if hasattr(episode, "format_response") else line
+            response = episode.format_response(line)
         result = episode.step(response)
         done = result.done
         feedback = result.observation.text if result.observation is not None else result.info.get("feedback", "")
@@ -178,7 +179,7 @@ def split_cmd(
     console.print(f"split [bold]{split}[/] of env {env_config.name}: {len(tasks)} tasks, version {version}")
     rows = []
     for task in tasks[: max(0, show)]:
-        extra = cls.describe_task(task) if hasattr(cls, "describe_task") else {}
+        extra = cls.describe_task(task)
         rows.append(([str(task.index), str(task.seed), task_group(task)], extra))
     extra_cols = list(dict.fromkeys(k for _, extra in rows for k in extra))
     table = Table("index", "seed", task_group_label(env_config.name), *extra_cols)

@@ -8,15 +8,17 @@ An episode is driven like this (see `vlrl.rollout.episodes`)::
     result = env.step(model_text)              # reward for this turn, next observation
     ...until result.done; then env.episode_metrics() and env.trace()
 
-An env class is registered with its config class, `@register_env("name", config=MyEnvConfig)`
-(a subclass of `vlrl.envs.config.EnvConfigBase`; `RunConfig.env` is validated by the class
-registered under `env.name`). It is built as `cls(config)` and, besides the `Env` protocol below,
-provides classmethods used here: `build_split(config, split)`, `split_version(config, split)`,
-`content_hash(task)`, `replay_trace(trace)` which re-checks a recorded episode, and
-`task_group(task)`, the row label of per-group evaluation tables (the maze: "9x9"), whose column
-is titled by the class attribute `task_group_label` (the maze: "maze size"). Built-in envs register
-themselves when their package (listed in `_BUILTIN_MODULES`) is imported; third-party packages
-register through the `vlrl.envs` entry-point group. `make_env` loads both on first use.
+An env class subclasses `Env` (below) and is registered with its config class,
+`@register_env("name", config=MyEnvConfig)` (a subclass of `vlrl.envs.config.EnvConfigBase`;
+`RunConfig.env` is validated by the class registered under `env.name`). It is built as
+`cls(config)`. `Env` declares every hook the project calls: the episode (`reset`, `step`,
+`episode_metrics`, `trace`, `oracle_response`) and the task lists (classmethods `build_split`,
+`split_version`, `content_hash`, and `replay_trace`, which re-checks a recorded episode) are
+abstract; the optional hooks (`task_group(task)`, the row label of per-group evaluation tables,
+whose column is titled by `task_group_label`; `train_overlap`, `adhoc_task`, lineage facts, ...)
+have defaults. Built-in envs register themselves when their package (listed in
+`_BUILTIN_MODULES`) is imported; third-party packages register through the `vlrl.envs`
+entry-point group. `make_env` loads both on first use.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ import importlib
 import importlib.metadata
 import io
 import json
+import random
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal
 
 from PIL import Image
 from pydantic import ValidationError
@@ -136,42 +140,116 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Env(Protocol):
-    """One episode at a time. Build a fresh env per episode (they are cheap)."""
+class Env(ABC):
+    """One episode at a time. Build a fresh env per episode (they are cheap).
 
-    name: str
+    Every env class subclasses this (`register_env` refuses one that does not). The abstract
+    methods are the episode and the task lists; the other hooks have defaults, for an env that
+    has no such thing (docs/envs.md lists who calls each).
+    """
+
+    name: str  # set by `register_env`
     system_prompt: str
+    config_class: ClassVar[type[EnvConfigBase] | None] = None  # set by `register_env`
+    generator_version: ClassVar[str | None] = None  # recorded in the run's data lineage
+    task_group_label: ClassVar[str] = "group"  # column title of per-group evaluation tables
 
+    # -- one episode -----------------------------------------------------------------------
+    @abstractmethod
     def reset(self, task: Task) -> Observation:
         """Start the episode of `task` and return the first observation."""
-        ...
 
+    @abstractmethod
     def step(self, action_text: str) -> StepResult:
         """Apply the model's raw response text; returns this turn's reward and the next observation."""
-        ...
 
+    @abstractmethod
     def episode_metrics(self) -> dict[str, float]:
         """success, turns, invalid_actions, wall_bumps, optimal_turns, return, ... as floats."""
-        ...
 
+    @abstractmethod
     def trace(self) -> dict[str, Any]:
         """The whole episode as JSON: task, env content, every turn's response, action and reward."""
-        ...
 
+    @abstractmethod
     def oracle_response(self) -> str:
         """The response an optimal player would give now, e.g. `<action>right</action>`."""
-        ...
+
+    def random_response(self, rng: random.Random) -> str:
+        """A random response (SFT with `train.sft.noise > 0`); see `gives_random_responses`."""
+        raise VlrlError(f"env '{self.name}' gives no random responses (a random_response(rng) method)")
+
+    @classmethod
+    def gives_random_responses(cls) -> bool:
+        """Whether the env implements `random_response` (SFT checks it before training)."""
+        return cls.random_response is not Env.random_response
+
+    def render_text(self) -> str | None:
+        """A text drawing of the current state for `vlrl env play` in a terminal (None: none)."""
+        return None
+
+    def format_response(self, text: str) -> str:
+        """A bare typed answer (`vlrl env play`) in the response format; default: as typed."""
+        return text
+
+    # -- the task lists --------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def build_split(cls, config: Any, split: str) -> Sequence[Task]:
+        """The deterministic task list of a split (a lazy sequence for large splits)."""
+
+    @classmethod
+    @abstractmethod
+    def split_version(cls, config: Any, split: str) -> str:
+        """Short hash that changes when the split's tasks change."""
+
+    @classmethod
+    @abstractmethod
+    def content_hash(cls, task: Task) -> str:
+        """Hash of what the agent faces in `task` (for a maze: walls, start, goal), not of its seed."""
+
+    @classmethod
+    @abstractmethod
+    def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:
+        """Re-simulate a recorded episode from its own content (`vlrl.envs.replay`)."""
 
     @classmethod
     def task_group(cls, task: Task) -> str:
         """The group of `task` in per-group evaluation tables, e.g. "9x9" (maze size) or "level 1"."""
-        ...
+        return "all"
+
+    @classmethod
+    def train_overlap(cls, config: Any, tasks: list[Task]) -> list[Task] | None:
+        """The tasks of `tasks` that show training content, found without listing the training split;
+        None (the default): the env cannot tell that way (the protocol then compares content hashes)."""
+        return None
+
+    @classmethod
+    def adhoc_task(cls, config: Any, seed: int) -> Task | None:
+        """A task outside the splits made from `seed` (`vlrl env render/play --seed`); None: the env makes none."""
+        return None
+
+    @classmethod
+    def describe_task(cls, task: Task) -> dict[str, str]:
+        """Extra columns of `vlrl env split` for `task` (default: none)."""
+        return {}
+
+    @classmethod
+    def data_lineage(cls, config: Any) -> dict[str, Any]:
+        """Env facts about the data for the run's lineage; per-split facts under "splits" (default: none)."""
+        return {}
+
+    @classmethod
+    def reward_spec(cls, config: Any) -> dict[str, Any]:
+        """The settings that decide reward and success (hashed into the lineage); default: the env
+        section without its name and splits."""
+        return config.model_dump(mode="json", exclude={"name", *SPLITS})
 
 
 # ---------------------------------------------------------------------------------------------
 # registry
 
-_REGISTRY: dict[str, type] = {}
+_REGISTRY: dict[str, type[Env]] = {}
 _loaded = False
 
 
@@ -183,7 +261,9 @@ def register_env(name: str, *, config: type[EnvConfigBase] | None = None):
     """
 
     def decorate(cls: type) -> type:
-        config_class = config or getattr(cls, "config_class", None)
+        if not (isinstance(cls, type) and issubclass(cls, Env)):
+            raise VlrlError(f"env '{name}': {cls!r} must be a subclass of vlrl.envs.base.Env")
+        config_class = config or cls.config_class
         if config_class is None or not issubclass(config_class, EnvConfigBase):
             raise VlrlError(f"env '{name}': register_env needs config=<a subclass of vlrl.envs.config.EnvConfigBase>")
         try:
@@ -216,7 +296,7 @@ def _load_builtins() -> None:
     _loaded = True
 
 
-def env_class(name: str) -> type:
+def env_class(name: str) -> type[Env]:
     """The class registered under `name` (importing the built-in envs first if needed)."""
     if name not in _REGISTRY:
         _load_builtins()
@@ -306,13 +386,12 @@ def overlapping_tasks(a: Sequence[Task], b: Sequence[Task]) -> list[tuple[Task, 
 
 def task_group(task: Task) -> str:
     """The evaluation-table group of `task` (the env's `task_group`, e.g. "9x9"; "all" for an env without one)."""
-    cls = env_class(task.env)
-    return str(cls.task_group(task)) if hasattr(cls, "task_group") else "all"
+    return str(env_class(task.env).task_group(task))
 
 
 def task_group_label(env_name: str) -> str:
     """What the env's task groups are, as a table column title ("maze size" for the maze; default "group")."""
-    return getattr(env_class(env_name), "task_group_label", "group")
+    return env_class(env_name).task_group_label
 
 
 def replay_trace(trace: dict[str, Any]) -> dict[str, Any]:

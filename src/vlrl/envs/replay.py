@@ -19,20 +19,24 @@ TRACE_KEYS = ("format", "task", "settings", "turns", "success", "return")
 
 
 def episode_trace(
-    env: Any, trace_format: str, content_key: str, content: dict[str, Any], **extra: Any
+    env: Any,
+    trace_format: str,
+    content_key: str,
+    content: dict[str, Any],
+    extra_settings: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
     """The trace of `env`'s episode: format, env, task, its content (e.g. "maze": the maze JSON),
-    the settings that decide rewards (max_turns, stop_required, rewards; the maze's end_when_lost
-    where on), the turns, `extra`, and
-    the outcome (done, success, return)."""
+    the settings that decide rewards (max_turns, stop_required, rewards, and the env's
+    `extra_settings`: the maze's end_when_lost where on), the turns, `extra`, and the outcome
+    (done, success, return)."""
     config = env.config
     settings = {
         "max_turns": config.max_turns,
         "stop_required": config.stop_required,
         "rewards": config.rewards.model_dump(),
+        **(extra_settings or {}),
     }
-    if getattr(config, "end_when_lost", False):  # the maze's early end; absent (off) in every older trace
-        settings["end_when_lost"] = True
     return {
         "format": trace_format,
         "env": env.name,

@@ -40,12 +40,12 @@ def check_disjoint_from_train(config: RunConfig, tasks: list) -> None:
     """Refuse to evaluate on tasks that share content with the training split.
 
     Environments that can answer without listing the training split (the maze: whether train owns
-    the task's wall layout) provide `train_overlap`; others are compared with every training task
-    by content hash.
+    the task's wall layout) implement `train_overlap`; for others (it returns None) the tasks are
+    compared with every training task by content hash.
     """
-    cls = env_class(config.env.name)
-    if hasattr(cls, "train_overlap"):
-        overlap = [t.task_id for t in cls.train_overlap(config.env, list(tasks))]
+    found = env_class(config.env.name).train_overlap(config.env, list(tasks))
+    if found is not None:
+        overlap = [t.task_id for t in found]
     else:
         overlap = [a.task_id for a, _ in overlapping_tasks(list(tasks), build_split(config.env, "train"))]
     if overlap:
@@ -134,10 +134,10 @@ def model_identity(model_dir: str | Path, adapter_dir: str | None) -> dict[str, 
 
 def load_engine(config: RunConfig, adapter_dir: str | None):
     """A model (`config.model.path` + optional adapter) with a transformers engine and its chat format."""
-    from vlrl.models.loading import ensure_model, load_policy_model, vision_special_token_ids, worker_device
+    from vlrl.models.loading import ensure_model, load_policy_model, worker_device
     from vlrl.models.lora import load_adapter
     from vlrl.models.processor import load_processor
-    from vlrl.rollout.hf_engine import TransformersEngine
+    from vlrl.rollout.factory import build_engine
     from vlrl.rollout.sequence import ChatFormat
 
     model_dir = ensure_model(config.model)
@@ -151,21 +151,7 @@ def load_engine(config: RunConfig, adapter_dir: str | None):
     )
     if adapter_dir:
         model = load_adapter(model, adapter_dir)
-    tok = processor.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else chat.eos_id
-    engine = TransformersEngine(
-        model,
-        tok,
-        vision_special_token_ids(processor),
-        eos_token_id=chat.eos_id,
-        pad_token_id=pad,
-        batch_size=config.rollout.batch_size,
-        max_batch_tokens=config.rollout.max_batch_tokens,
-        vision_cache_mb=config.rollout.vision_cache_mb,
-        fast_decode=config.rollout.fast_decode,
-        compile_decode=config.rollout.compile_decode,
-    )
-    return engine, chat
+    return build_engine(config, chat, model, engine="transformers"), chat
 
 
 def result_dir_name(label: str, decoding: str) -> str:

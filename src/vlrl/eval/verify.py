@@ -43,9 +43,10 @@ def _train_overlap(traces: list[dict[str, Any]]) -> list[str]:
     if not tasks:
         return []
     cls = env_class(tasks[0].env)
-    if not hasattr(cls, "train_overlap"):
+    found = cls.train_overlap(cls.config_class(name=tasks[0].env), tasks)
+    if found is None:
         return []  # listing a whole training split needs its config; the protocol checked it before evaluating
-    return [t.task_id for t in cls.train_overlap(cls.config_class(name=tasks[0].env), tasks)]
+    return [t.task_id for t in found]
 
 
 TRACE_FILES = ("traces.jsonl", "traces.jsonl.gz")  # as `vlrl eval -o` writes it, and as bench/ archives it

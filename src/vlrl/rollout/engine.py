@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -48,9 +48,22 @@ class Completion:
 
 
 class RolloutEngine(ABC):
-    """Generates completions for token prompts with images and serves the current adapter."""
+    """Generates completions for token prompts with images and serves the current adapter.
+
+    Besides the abstract methods, every hook the worker calls is declared here with the default of
+    an engine that holds its own weights and needs no clean-up; an engine overrides what differs.
+    """
 
     name: str = "engine"
+    # True: the engine samples with the policy's own module, so a sync sends no weights (it only
+    # records the version) and `update_adapter` is called with an empty state.
+    shares_policy: bool = False
+    # How adapters reach the engine ("memory", or "disk" after a fall-back), reported as
+    # `sync/transport_*` step values; None: not reported (an engine that loads in place).
+    adapter_transport: str | None = None
+    # The PEFT module the engine samples with, when it holds one (the transformers engine); it can
+    # write an adapter directory for gathered weights. None: the weights live elsewhere (vLLM).
+    model: Any = None
 
     @abstractmethod
     def generate(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:
@@ -70,3 +83,6 @@ class RolloutEngine(ABC):
 
     def wake_up(self) -> None:  # noqa: B027 (optional hook, like sleep)
         """Restore what `sleep` released before the next rollouts."""
+
+    def close(self) -> None:  # noqa: B027 (optional hook: an engine that holds no process or files keeps the no-op)
+        """Stop the engine and release what it holds outside Python's memory (processes, files)."""

@@ -90,6 +90,9 @@ class ChatFormat:
         self.eos_id: int = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         if self.eos_id is None or self.eos_id == self.tokenizer.unk_token_id:
             self.eos_id = self.tokenizer.eos_token_id
+        # What batches are padded with: the tokenizer's pad token, else end-of-turn (masked out either way).
+        pad = self.tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else self.eos_id
         # The direct path (`_encode`): None until its first result has been checked against the processor's.
         self._direct: bool | None = None
         self._text_ids: dict[str, list[int]] = {}

@@ -137,6 +137,7 @@ class VLLMEngine(RolloutEngine):
 
     name = "vllm"
     shares_policy = False  # its own copy of the base weights: every sync sends the adapter
+    llm: Any = None  # the `vllm.LLM`; None once closed
 
     def __init__(
         self,
@@ -425,7 +426,7 @@ class VLLMEngine(RolloutEngine):
 
     def close(self) -> None:
         """Stop the engine and delete its temporary adapter files."""
-        llm = getattr(self, "llm", None)
+        llm = self.llm
         if llm is not None:
             shutdown = getattr(llm.llm_engine, "engine_core", None)
             if shutdown is not None and hasattr(shutdown, "shutdown"):

@@ -272,9 +272,9 @@ def data_lineage(env: EnvConfigBase) -> dict[str, Any]:
     from vlrl.envs.base import SPLITS, env_class, split_version
 
     cls = env_class(env.name)
-    extra = dict(cls.data_lineage(env)) if hasattr(cls, "data_lineage") else {}
+    extra = dict(cls.data_lineage(env))
     per_split = extra.pop("splits", {})
-    data: dict[str, Any] = {"env": env.name, "generator_version": getattr(cls, "generator_version", None), **extra}
+    data: dict[str, Any] = {"env": env.name, "generator_version": cls.generator_version, **extra}
     splits = {}
     for name in SPLITS:
         s = getattr(env, name)
@@ -297,11 +297,7 @@ def reward_lineage(env: EnvConfigBase) -> dict[str, Any]:
     """
     from vlrl.envs.base import env_class
 
-    cls = env_class(env.name)
-    if hasattr(cls, "reward_spec"):
-        spec = {"env": env.name, **cls.reward_spec(env)}
-    else:
-        spec = {"env": env.name, **env.model_dump(mode="json", exclude={"name", "train", "holdout", "adversarial"})}
+    spec = {"env": env.name, **env_class(env.name).reward_spec(env)}
     return {**spec, "hash": canonical_hash(spec)}
 
 

@@ -204,7 +204,7 @@ def run_sft(
     from vlrl.tracking.tracker import RunTracker
 
     noise = config.train.sft.noise
-    if noise > 0 and not hasattr(env_class(config.env.name), "random_response"):
+    if noise > 0 and not env_class(config.env.name).gives_random_responses():
         raise VlrlError(
             f"train.sft.noise = {noise} needs env '{config.env.name}' to give random responses "
             "(a random_response(rng) method); set train.sft.noise=0"
@@ -233,7 +233,7 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
         lo = config.model.lora
         model = apply_lora(model, lo.rank, lo.alpha, lo.dropout, lo.target_modules, lo.include_vision)
     suppress = vision_special_token_ids(processor)
-    pad = processor.tokenizer.pad_token_id if processor.tokenizer.pad_token_id is not None else chat.eos_id
+    pad = chat.pad_id
 
     device = worker_device(config)
     model.to(device)

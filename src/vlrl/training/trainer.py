@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -68,6 +68,9 @@ from vlrl.training.guards import (
 from vlrl.training.recovery import RecoveryMixin
 from vlrl.training.sampler import TaskSampler
 from vlrl.training.seeding import rng_state
+
+if TYPE_CHECKING:
+    from vlrl.training.telemetry import RunTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,9 @@ class GRPOTrainer(RecoveryMixin):
         self._fingerprint: str | None = None
         self._checkpoint_s = 0.0  # time spent checkpointing since the last step record
         self.guard_state = GuardState()  # LR scale and rollbacks of the stability guards (kept in checkpoints)
+        # Started by setup(); close() releases whichever of them exist.
+        self.worker: WorkerGroup | None = None
+        self.telemetry: RunTelemetry | None = None
 
     # -- setup -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -129,7 +135,7 @@ class GRPOTrainer(RecoveryMixin):
         from vlrl.training.telemetry import RunTelemetry
 
         self.telemetry = RunTelemetry(c, self.run_dir, self.init_adapter)
-        self.worker: WorkerGroup = self._make_workers()
+        self.worker = self._make_workers()
         self.sampler = TaskSampler(build_split(c.env, "train"), seed=c.train.seed)
         self.holdout = list(build_split(c.env, "holdout"))[: c.train.eval_tasks]
         self.metrics_file = self.run_dir / "metrics.jsonl"
@@ -148,12 +154,10 @@ class GRPOTrainer(RecoveryMixin):
 
     def close(self) -> None:
         """Release the workers (Ray actors and their placement group); the trainer is done after this."""
-        worker = getattr(self, "worker", None)
-        if worker is not None:
-            worker.close()
-        telemetry = getattr(self, "telemetry", None)
-        if telemetry is not None:
-            telemetry.close()
+        if self.worker is not None:
+            self.worker.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
 
     def __enter__(self) -> GRPOTrainer:
         return self
@@ -212,7 +216,7 @@ class GRPOTrainer(RecoveryMixin):
             values["time/update_s"] = time.perf_counter() - t1
             # The sampler/trainer gap describes the rollout, so it is recorded under rollout/.
             values.update({f"rollout/{k}" if k in MISMATCH_KEYS else f"train/{k}": v for k, v in update.items()})
-            values.update({f"time/{k}": v for k, v in getattr(update, "timings", {}).items()})  # logprob_s, optim_s
+            values.update({f"time/{k}": v for k, v in update.timings.items()})  # logprob_s, optim_s
             values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(
                 1e-9, values["time/update_s"]
             )

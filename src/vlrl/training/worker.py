@@ -20,7 +20,7 @@ import copy
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,8 +31,7 @@ from vlrl.eval.evaluate import EvalResult
 from vlrl.models.loading import ensure_model, worker_device
 from vlrl.rollout.engine import RolloutEngine, SamplingParams
 from vlrl.rollout.episodes import Episode, RolloutStats, run_episodes
-from vlrl.rollout.factory import resolve_engine_name, sampling_params
-from vlrl.rollout.hf_engine import TransformersEngine
+from vlrl.rollout.factory import build_engine, resolve_engine_name, sampling_params
 from vlrl.rollout.sequence import ChatFormat
 from vlrl.runtime import distributed
 from vlrl.runtime.update_plan import UpdatePlan, UpdateStats
@@ -40,38 +39,8 @@ from vlrl.runtime.worker_api import WorkerGroup
 from vlrl.training.policy import Policy
 from vlrl.training.seeding import rng_state, seed_everything, set_rng_state
 
-# Left free on the GPU beside the policy's weights and vLLM's share: the policy's activations during
-# rollouts' host work, NCCL buffers, allocator slack. The update runs while vLLM sleeps.
-POLICY_HEADROOM_BYTES = 4 << 30
-
-
-def vllm_memory_share(requested: float | str, free: int, total: int) -> float:
-    """The `gpu_memory_utilization` to start vLLM with, next to a policy already on the GPU
-    (`free`/`total`: bytes, from `torch.cuda.mem_get_info` after the policy is loaded).
-
-    vLLM claims that share of the GPU's TOTAL memory and refuses to start when less is free, so a
-    share that leaves no room for the policy is an error here, with both numbers, before vLLM
-    allocates anything. `auto`: everything free after the policy, less `POLICY_HEADROOM_BYTES`.
-    """
-    usable = free - POLICY_HEADROOM_BYTES
-    gib = 2**30
-    if requested == "auto":
-        share = usable / total
-        if share < 0.05:
-            raise VlrlError(
-                f"rollout.gpu_memory_utilization=auto: only {free / gib:.1f} GiB of the GPU's {total / gib:.1f} GiB "
-                "are free after loading the policy; too little for a vLLM engine beside it"
-            )
-        return round(share, 3)
-    share = float(requested)
-    if share * total > usable:
-        raise VlrlError(
-            f"rollout.gpu_memory_utilization={share} asks vLLM for {share * total / gib:.1f} GiB of the GPU's "
-            f"{total / gib:.1f} GiB, but only {free / gib:.1f} GiB are free after loading the policy, "
-            f"{POLICY_HEADROOM_BYTES // gib} GiB of which stay with the policy; "
-            f"use at most {max(0.0, usable / total):.2f}, or auto"
-        )
-    return share
+if TYPE_CHECKING:
+    from vlrl.observability.resources import ResourceMonitor
 
 
 class Worker:
@@ -93,6 +62,7 @@ class Worker:
 
         self.config = config
         self.rank, self.world_size = rank, world_size
+        self._monitor: ResourceMonitor | None = None  # started by the first `resources` call
         self.adapter_dir = adapter_dir
         if config.runtime.torch_threads:
             torch.set_num_threads(config.runtime.torch_threads)
@@ -118,9 +88,8 @@ class Worker:
             distributed.shard_policy(self.model, self.device)
         else:
             self.model.to(self.device)
-        tok = self.processor.tokenizer
         self.suppress = vision_special_token_ids(self.processor)
-        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.chat.eos_id
+        self.pad_id = self.chat.pad_id
         self.policy = Policy(
             self.model,
             config,
@@ -131,7 +100,7 @@ class Worker:
             reference_adapter=self.reference_adapter,
         )
         self.engine = self._make_engine()
-        if world_size > 1:
+        if not self.engine.shares_policy:
             self.sync_adapter(0)  # the engine's copy starts from the policy's adapter
 
     def _lora_model(self, trainable: bool):
@@ -157,54 +126,18 @@ class Worker:
         return apply_lora(base, lo.rank, lo.alpha, lo.dropout, lo.target_modules, lo.include_vision, seed=seed)
 
     def _make_engine(self) -> RolloutEngine:
+        """The rollout engine (`rollout.factory.build_engine`). One worker: the transformers engine
+        shares the policy's module. A group: it gets its own full copy of the model (its adapter
+        is overwritten by the first sync). vLLM always holds its own copy of the base weights and
+        never shares the policy's module; it starts from the policy's adapter (fresh, or the warm
+        start) at the first sync, and every sync sends the gathered adapter weights."""
         name = resolve_engine_name(self.config.rollout.engine)
-        if name == "vllm":
-            # vLLM holds its own copy of the base weights and never shares the policy's module: it
-            # starts from the policy's adapter (fresh, or the warm start) and every sync sends the
-            # gathered adapter weights (`sync_adapter`). One image per turn, so max_turns images.
-            from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
-
-            c = self.config
-            memory_share = 0.5  # unused on CPU (the KV cache is sized by rollout.kv_cache_memory_mb)
-            if c.runtime.use_gpu:
-                memory_share = vllm_memory_share(
-                    c.rollout.gpu_memory_utilization, *torch.cuda.mem_get_info(self.device)
-                )
-            engine = VLLMEngine(
-                self.model_dir,
-                self.processor.tokenizer,
-                self.suppress,
-                eos_token_id=self.chat.eos_id,
-                lora_config=vllm_lora_config(self.model),
-                dtype=c.model.dtype,
-                max_model_len=c.rollout.max_model_len,
-                max_images=c.env.max_turns,
-                max_num_seqs=c.rollout.batch_size,
-                kv_cache_memory_mb=c.rollout.kv_cache_memory_mb,
-                gpu_memory_utilization=memory_share,
-                use_gpu=c.runtime.use_gpu,
-                seed=c.train.seed,
-            )
-            engine.update_adapter(distributed.gather_adapter_state(self.model), 0)
-            return engine
-        shares = self.world_size == 1
+        shares = name == "transformers" and self.world_size == 1
         model = self.model
-        if not shares:
+        if name == "transformers" and not shares:
             model = self._lora_model(trainable=False).to(self.device).eval()
             model.requires_grad_(False)
-        return TransformersEngine(
-            model,
-            self.processor.tokenizer,
-            self.suppress,
-            eos_token_id=self.chat.eos_id,
-            pad_token_id=self.pad_id,
-            batch_size=self.config.rollout.batch_size,
-            max_batch_tokens=self.config.rollout.max_batch_tokens,
-            shares_policy=shares,
-            fast_decode=self.config.rollout.fast_decode,
-            compile_decode=self.config.rollout.compile_decode,
-            vision_cache_mb=self.config.rollout.vision_cache_mb,
-        )
+        return build_engine(self.config, self.chat, model, engine=name, shares_policy=shares, model_dir=self.model_dir)
 
     # -- the calls the trainer makes -------------------------------------------------------
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
@@ -255,7 +188,7 @@ class Worker:
 
     def sync_info(self) -> dict[str, float]:
         """How adapters reach this worker's engine, as step-record values (empty when it shares the policy)."""
-        transport = getattr(self.engine, "adapter_transport", None)
+        transport = self.engine.adapter_transport
         if transport is None:
             return {}
         return {
@@ -276,7 +209,7 @@ class Worker:
         # The engine's copy is a plain PEFT model with the same adapter config: it writes the
         # gathered weights (its own stay as they are).
         # (the vLLM engine holds no PEFT module: then the policy's own wrapper writes them).
-        writer = getattr(self.engine, "model", None) or self.model
+        writer = self.engine.model if self.engine.model is not None else self.model
         return Path(save_adapter(writer, out_dir, model_fingerprint(self.model_dir), state_dict=state))
 
     # -- state, for checkpoints (every worker of a group must make each call) ---------------
@@ -345,16 +278,14 @@ class Worker:
         call, as `resource/<rank>/...` record keys (`vlrl.observability.resources`)."""
         from vlrl.observability.resources import ResourceMonitor
 
-        if getattr(self, "_monitor", None) is None:
+        if self._monitor is None:
             self._monitor = ResourceMonitor(self.rank)
         return self._monitor.snapshot()
 
     def close(self) -> None:
         """Stop the engine and the resource monitor; leave the process group."""
-        close_engine = getattr(self.engine, "close", None)
-        if close_engine is not None:
-            close_engine()
-        if getattr(self, "_monitor", None) is not None:
+        self.engine.close()
+        if self._monitor is not None:
             self._monitor.close()
         if self.world_size > 1:
             distributed.destroy_process_group()

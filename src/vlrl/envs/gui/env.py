@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlrl.envs.base import Observation, StepResult, Task, register_env
+from vlrl.envs.base import Env, Observation, StepResult, Task, register_env
 from vlrl.envs.gui.actions import format_action, parse_action
 from vlrl.envs.gui.app import (
     App,
@@ -114,7 +114,7 @@ def _effect_feedback(state: AppState, widget: Widget, effect: str) -> str:
 
 
 @register_env("gui", config=GuiEnvConfig)
-class GuiEnv:
+class GuiEnv(Env):
     """Multi-turn GUI control: one action per turn, a new screenshot each turn."""
 
     system_prompt = SYSTEM_PROMPT

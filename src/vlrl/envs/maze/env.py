@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vlrl.envs.base import SPLITS, Observation, StepResult, Task, register_env
+from vlrl.envs.base import SPLITS, Env, Observation, StepResult, Task, register_env
 from vlrl.envs.maze.config import MazeEnvConfig
 from vlrl.envs.maze.maze import GENERATOR_VERSION, MOVES, Maze
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions
@@ -138,10 +138,9 @@ def parse_plan(text: str) -> list[str] | None:
     return moves
 
 
-class _MazeEpisode:
-    """State and bookkeeping shared by both maze envs: reset, metrics, trace, replay."""
-
-    maze_tasks = True  # subclasses (variants with other rewards) read the same maze tasks
+class MazeEpisode(Env):
+    """State and bookkeeping shared by the maze envs: reset, metrics, trace, replay. Every subclass
+    (the variants, and test envs with other rewards) reads the same maze tasks."""
 
     name = "maze"
     system_prompt = SYSTEM_PROMPT
@@ -305,7 +304,9 @@ class _MazeEpisode:
     def trace(self) -> dict[str, Any]:
         """The episode as JSON (format `vlrl.trace/1`, see docs/maze.md)."""
         self._check_started("trace")
-        return episode_trace(self, TRACE_FORMAT, "maze", self.maze.to_json())
+        # The early end is recorded only where it is on: absent (off) in every older trace.
+        extra = {"end_when_lost": True} if self.config.end_when_lost else {}
+        return episode_trace(self, TRACE_FORMAT, "maze", self.maze.to_json(), extra_settings=extra)
 
     @classmethod
     def replay_trace(cls, trace: dict[str, Any]) -> dict[str, Any]:
@@ -318,7 +319,7 @@ class _MazeEpisode:
 
 
 @register_env("maze", config=MazeEnvConfig)
-class MazeEnv(_MazeEpisode):
+class MazeEnv(MazeEpisode):
     """Multi-turn maze: one action per turn, a re-rendered image each turn."""
 
     system_prompt = SYSTEM_PROMPT
@@ -403,7 +404,7 @@ class MazeEnv(_MazeEpisode):
 
 
 @register_env("maze_plan", config=MazeEnvConfig)
-class MazePlanEnv(_MazeEpisode):
+class MazePlanEnv(MazeEpisode):
     """Single-turn maze: the model answers the whole path at once."""
 
     system_prompt = PLAN_SYSTEM_PROMPT
@@ -489,7 +490,7 @@ class MazePlanEnv(_MazeEpisode):
 
 
 @register_env("maze_look", config=MazeEnvConfig)
-class MazeLookEnv(_MazeEpisode):
+class MazeLookEnv(MazeEpisode):
     """Single-turn perception drill: name the open moves around the agent (see the module docstring)."""
 
     system_prompt = LOOK_SYSTEM_PROMPT

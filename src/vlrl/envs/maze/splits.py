@@ -298,8 +298,10 @@ def make_task(config: MazeEnvConfig, split: str, index: int, used: set[tuple[str
 @lru_cache(maxsize=4096)
 def _is_maze_variant(env_name: str) -> bool:
     """A registered env that plays maze tasks (e.g. a subclass with another reward)."""
+    from vlrl.envs.maze.env import MazeEpisode  # the env module imports this one
+
     try:
-        return bool(getattr(env_class(env_name), "maze_tasks", False))
+        return issubclass(env_class(env_name), MazeEpisode)
     except VlrlError:
         return False
 
