@@ -3,7 +3,7 @@
 Why this stage exists: a tiny Qwen3-VL trained from random weights on the walk (SFT on oracle
 transcripts, one action per turn) never learnt which blocks touch the agent on 9x9 block mazes.
 Its first move depended on the start corner only, and a look drill on the whole model stayed at
-the blind score too (bench/RESULTS.md, "The reference task, third session"). One answer per image
+the blind score too (bench/results/2026-12-02-h200-maze9-look-drill/). One answer per image
 is too weak a signal for a random vision tower. Here every merged image token gets its own targets
 (`Maze.square_labels`): is its square a wall, the agent, the goal, and which of its four moves are
 open. So a 9x9 image gives 81 supervised examples of purely local perception instead of one. No
