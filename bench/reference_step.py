@@ -189,6 +189,11 @@ def ensure_model_dir(args: argparse.Namespace, dtype: str) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
+    # The presets declare 4096 positions (RoPE goes further); the config's rollout.max_model_len is
+    # 16384 (18 turns of up to 256 tokens), which vLLM refuses for such a model unless allowed.
+    os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     import torch
 
     from vlrl.config import load_config
