@@ -155,11 +155,61 @@ def _memory(device: torch.device) -> dict[str, float]:
     }
 
 
+# The largest torch allocator peaks seen by `_release` before it resets them (a run's peak, across resets).
+_PEAKS: dict[str, float] = {}
+
+
 def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
+        for key, value in _memory(device).items():
+            _PEAKS[key] = max(_PEAKS.get(key, 0.0), value)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def _run_peaks(device: torch.device) -> dict[str, float]:
+    """The allocator's peaks over the whole run so far (not only since the last reset); then forgotten."""
+    out = {k: max(v, _PEAKS.get(k, 0.0)) for k, v in _memory(device).items()}
+    _PEAKS.clear()
+    return out
+
+
+class DevicePeak:
+    """Polls the GPU's used memory (every allocation on it, vLLM's pool and other processes
+    included, which torch's allocator peaks do not all see) in a thread; `peak_gib` afterwards."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.25):
+        import threading
+
+        self.device, self.interval_s, self.peak = device, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if device.type == "cuda" else None
+
+    def _read(self) -> None:
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.peak = max(self.peak, total - free)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._read()
+            except Exception:  # noqa: BLE001 - a reading that fails is a reading missed
+                pass
+
+    def __enter__(self) -> DevicePeak:
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._read()
+
+    def figures(self) -> dict[str, float]:
+        return {"device_peak_used_gib": self.peak / 2**30} if self._thread is not None else {}
 
 
 # ------------------------------------------------------------------------------------------
@@ -305,6 +355,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vlrl-bench-") as run_root:
         config = bench_config(settings, model_dir, Path(run_root))
         _release(device)
+        _PEAKS.clear()  # the preset's build is not the run's
         t0 = time.perf_counter()
         trainer = GRPOTrainer(config, Path(run_root) / "bench")
         trainer.setup()  # the worker: policy + LoRA + optimizer, and its rollout engine
@@ -316,6 +367,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
             memory_log["free_after_worker_start_gib"] = _free_bytes(device) / 2**30
         rows: list[dict[str, float]] = []
         records: list[dict[str, float]] = []
+        poll = DevicePeak(device).__enter__()
         try:
             for step in range(settings.warmup + settings.steps):
                 _release(device)
@@ -345,7 +397,10 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                 "scoring_passes": scoring_passes(config),
                 "ppo_epochs": config.algo.ppo_epochs,
             }
+            poll.__exit__()
+            memory = {**_run_peaks(device), **poll.figures(), **_host_memory()}
         finally:
+            poll.__exit__()
             trainer.close()
     measured = rows[settings.warmup :] or rows
     summary = _summary(measured, settings)
@@ -372,7 +427,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
     result.update(
         summary=summary,
         mfu_formula=f"{formula}; peak {settings.peak_tflops:g} TFLOP/s (--peak-tflops)",
-        memory={**_memory(device), **_host_memory()},
+        memory=memory,
         **probes,
     )
     _release(device)
@@ -566,6 +621,7 @@ def run_trl(settings: BenchSettings, use_vllm: bool = False) -> dict[str, Any]:
     model, processor = build_model(settings, device)
     build_s = time.perf_counter() - t0
     _release(device)
+    _PEAKS.clear()  # the peaks of the steps, the weights included, not of building them
     total_steps = settings.warmup + settings.steps
     split = build_split(config.env, "train")
     tasks = [split[i] for i in range(total_steps * settings.prompts)]
@@ -684,7 +740,7 @@ def run_trl(settings: BenchSettings, use_vllm: bool = False) -> dict[str, Any]:
             "completions_per_s": completions / step_s if step_s else 0.0,
             "rollout_tokens_per_s": completions * settings.new_tokens / max(1e-9, _mean(measured, "generate_s")),
         },
-        "memory": {**_memory(device), **_host_memory()},
+        "memory": {**_run_peaks(device), **_host_memory()},
         "logged_steps": len(logs),
     }
     del trainer, model
@@ -840,6 +896,7 @@ def headline(result: dict[str, Any]) -> dict[str, float | None]:
         "update_tokens_per_s": summary.get("train_tokens_per_s"),
         "update_mfu": summary.get("update_mfu"),
         "peak_allocated_gib": memory.get("peak_allocated_gib"),
+        "device_peak_used_gib": memory.get("device_peak_used_gib"),
         "update_peak_allocated_gib": summary.get("update_peak_allocated_gib"),
         "trl_vllm_over_vlrl_step_time": result.get("trl_vllm_over_vlrl_step_time"),
         "trl_over_vlrl_step_time": result.get("trl_over_vlrl_step_time"),
@@ -900,6 +957,7 @@ def format_table(result: dict[str, Any]) -> str:
     row("  sync", "sync_s", "{:.4f}")
     row("peak GPU memory GiB (allocated)", "peak_allocated_gib", "{:.1f}", where="memory")
     row("peak GPU memory GiB (reserved)", "peak_reserved_gib", "{:.1f}", where="memory")
+    row("peak GPU memory GiB (device, polled)", "device_peak_used_gib", "{:.1f}", where="memory")
     row("peak host memory GiB (RSS)", "host_peak_rss_gib", "{:.1f}", where="memory")
     row("GPU free after worker start GiB", "free_after_worker_start_gib", "{:.1f}")
     row("GPU memory freed by sleep GiB", "sleep_freed_gib", "{:.1f}")
@@ -926,7 +984,8 @@ def format_table(result: dict[str, Any]) -> str:
         "sync_s": ("adapter sync s", "{:.4f}"),
         "update_tokens_per_s": ("update tok/s", "{:,.0f}"),
         "update_mfu": ("update MFU", "{:.1%}"),
-        "peak_allocated_gib": ("peak GPU memory GiB", "{:.1f}"),
+        "peak_allocated_gib": ("peak GPU memory GiB (torch)", "{:.1f}"),
+        "device_peak_used_gib": ("peak GPU memory GiB (device)", "{:.1f}"),
         "update_peak_allocated_gib": ("update peak GiB", "{:.1f}"),
         "trl_vllm_over_vlrl_step_time": ("TRL+vLLM / vlrl step time", "{:.2f}x"),
         "trl_over_vlrl_step_time": ("TRL (no vLLM) / vlrl step time", "{:.2f}x"),

@@ -33,7 +33,6 @@ import platform
 import resource
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,53 +71,27 @@ def share_overrides(config, workers: int | None = None) -> tuple[list[str], dict
     ], share
 
 
-class DevicePeak:
-    """Polls the GPU's used memory (every process, vLLM's pool included) in a thread; its peak."""
+def _harness():
+    """bench/grpo_bench.py (its preset saving and device polling)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    import grpo_bench
 
-    def __init__(self, interval_s: float = 0.25):
-        import torch
+    return grpo_bench
 
-        self.torch = torch
-        self.peak = 0
-        self.cuda = torch.cuda.is_available()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True) if self.cuda else None
-        self.interval_s = interval_s
 
-    def _read(self) -> None:
-        free, total = self.torch.cuda.mem_get_info()
-        self.peak = max(self.peak, total - free)
+def memory_figures(poll) -> dict[str, float]:
+    """Peaks over the run: torch's allocator, the device as polled (vLLM's pool included), host RSS."""
+    import torch
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self._read()
-            except Exception:  # noqa: BLE001 - a reading that fails is a reading missed
-                pass
-
-    def __enter__(self) -> DevicePeak:
-        if self._thread is not None:
-            self.torch.cuda.reset_peak_memory_stats()
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._read()
-
-    def figures(self) -> dict[str, float]:
-        out = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-        if self.cuda:
-            t = self.torch.cuda
-            out.update(
-                device_peak_used_gib=self.peak / 2**30,
-                torch_peak_allocated_gib=t.max_memory_allocated() / 2**30,
-                torch_peak_reserved_gib=t.max_memory_reserved() / 2**30,
-                device_total_gib=t.mem_get_info()[1] / 2**30,
-            )
-        return out
+    out = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, **poll.figures()}
+    if torch.cuda.is_available():
+        out.update(
+            torch_peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+            torch_peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+            device_total_gib=torch.cuda.mem_get_info()[1] / 2**30,
+        )
+    return out
 
 
 def summarize(records: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
@@ -181,11 +154,9 @@ def ensure_model_dir(args: argparse.Namespace, dtype: str) -> float:
         return 0.0
     if not args.init_tiny:
         raise SystemExit(f"--model-dir {args.model_dir} holds no model; pass --init-tiny PRESET to build one")
-    sys.path.insert(0, str(ROOT / "bench"))
-    from grpo_bench import BenchSettings, save_preset
-
+    gb = _harness()
     device = args.device if args.device != "auto" else ("cuda" if _cuda() else "cpu")
-    return save_preset(Path(args.model_dir), BenchSettings(model=args.init_tiny, device=device, dtype=dtype))
+    return gb.save_preset(Path(args.model_dir), gb.BenchSettings(model=args.init_tiny, device=device, dtype=dtype))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -231,7 +202,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     stopped = None
-    with DevicePeak() as peak:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()  # the run's peaks, not the preset's build
+    device = torch.device("cuda" if config.runtime.use_gpu else "cpu")
+    with _harness().DevicePeak(device) as peak:
         try:
             if args.via_cli:
                 from vlrl.cli import app
@@ -244,11 +218,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["wall_s"] = time.perf_counter() - t0
     if stopped:
         result["stopped"] = stopped
-    result.update(collect(run_dir, args.warmup), memory=peak.figures())
+    result.update(collect(run_dir, args.warmup), memory=memory_figures(peak))
     return result
 
 
-def run_steps(config, run_dir: Path, args, t0: float, result: dict[str, Any], peak: DevicePeak) -> None:
+def run_steps(config, run_dir: Path, args, t0: float, result: dict[str, Any], peak) -> None:
     """setup, then `GRPOTrainer.step` up to --steps times (fewer when --time-budget-s would be passed)."""
     from vlrl.training.trainer import GRPOTrainer
 
@@ -266,7 +240,7 @@ def run_steps(config, run_dir: Path, args, t0: float, result: dict[str, Any], pe
             last = time.perf_counter() - s0
             print(f"[reference] step {m.step}: {m.values.get('time/step_s', last):.1f} s", flush=True)
             if args.out:  # written after every step: a run killed by its time limit keeps what it measured
-                write(args.out, {**result, **collect(run_dir, args.warmup), "memory": peak.figures()})
+                write(args.out, {**result, **collect(run_dir, args.warmup), "memory": memory_figures(peak)})
     finally:
         trainer.close()
 
