@@ -61,14 +61,30 @@ checks)
   cp /tmp/runs/maze9-vllm/metrics.jsonl "$OUT/train_maze9_vllm_metrics.jsonl" 2>/dev/null
   ;;
 bench)
+  # vlrl's side: GRPOTrainer.step with one local worker and its colocated vLLM engine (what `vlrl train` runs).
   stamp "vlrl, vLLM engine colocated (8B shape)"
-  timeout 300 python3 bench/grpo_bench.py --engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 \
-    --decode-sweep 64,256 --gpu-memory-utilization 0.35 --out "$OUT/vlrl_vllm.json"
+  timeout 560 python3 bench/grpo_bench.py --engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 \
+    --decode-sweep 64,256 --gpu-memory-utilization 0.35 --peak-tflops 790 --out "$OUT/vlrl_vllm.json"
+  ;;
+bench-trl)
+  # TRL with and without vLLM on the same workload and weights; merged with vlrl's side into one table.
   stamp "TRL GRPOTrainer + colocated vLLM, same workload, same GPU"
-  timeout 240 python3 bench/grpo_bench.py --trl-only --trl-vllm --model $M8B --warmup 1 --steps 2 \
-    --gpu-memory-utilization 0.3 --out "$OUT/trl_vllm.json"
-  [ -f "$OUT/vlrl_vllm.json" ] && [ -f "$OUT/trl_vllm.json" ] && \
-    python3 bench/grpo_bench.py --merge "$OUT/vlrl_vllm.json" "$OUT/trl_vllm.json" --out "$OUT/side_by_side.json"
+  timeout 300 python3 bench/grpo_bench.py --trl-only --compare trl-vllm --model qwen3vl-8b-shape --model-dir $M8B \
+    --warmup 1 --steps 2 --gpu-memory-utilization 0.3 --out "$OUT/trl_vllm.json"
+  stamp "TRL GRPOTrainer, transformers generation, same workload, same GPU"
+  timeout 240 python3 bench/grpo_bench.py --trl-only --compare trl --model qwen3vl-8b-shape --model-dir $M8B \
+    --warmup 1 --steps 2 --out "$OUT/trl.json"
+  parts=""
+  for f in vlrl_vllm trl_vllm trl; do [ -f "$OUT/$f.json" ] && parts="$parts $OUT/$f.json"; done
+  [ -f "$OUT/vlrl_vllm.json" ] && python3 bench/grpo_bench.py --merge $parts --out "$OUT/side_by_side.json"
+  ;;
+reference|reference-hf)
+  # The seed's workload: one GPU's share of configs/qwen3vl-8b-6gpu.yaml through the trainer, vLLM or transformers.
+  engine=vllm; [ "$MODE" = reference-hf ] && engine=transformers
+  stamp "reference workload (8B shape, 9x9 blocks, 18 turns, group 8, KL), $engine engine"
+  timeout 590 python3 bench/reference_step.py --model-dir $M8B --init-tiny qwen3vl-8b-shape --engine $engine \
+    --steps 2 --warmup 1 --time-budget-s 540 --out "$OUT/reference_$engine.json"
+  echo "reference exit $?"
   ;;
 extra)
   # Issue 17: the loss pass's memory and speed at 8B shape, before (legacy) and after (chunked), one

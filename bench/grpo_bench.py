@@ -68,10 +68,11 @@ class BenchSettings:
     fast_decode: str = "auto"  # transformers engine path: auto | on | off
     compile_decode: bool = False
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time
-    compare: list[str] = field(default_factory=list)  # "trl"
+    compare: list[str] = field(default_factory=list)  # "trl" (transformers generation) and/or "trl-vllm"
     trl_only: bool = False  # run TRL's side alone (e.g. on another GPU at the same time; see --merge)
     trl_vllm: bool = False  # TRL generates with vLLM (use_vllm=True, vllm_mode="colocate") instead of transformers
     seed: int = 0
+    peak_tflops: float = 790.0  # the device's dense bf16 peak the update's MFU divides by (H200: ~790 measured)
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -120,39 +121,6 @@ def build_model(settings: BenchSettings, device: torch.device):
     return model.eval(), processor
 
 
-def reference_config(settings: BenchSettings):
-    """The RunConfig of the workload (what `vlrl train` would be given for it)."""
-    from vlrl.config import load_config
-
-    completions = settings.prompts * settings.samples
-    return load_config(
-        None,
-        [
-            f"model.dtype={settings.dtype}",
-            f"model.attn_implementation={settings.attn}",
-            f"model.lora.rank={settings.lora_rank}",
-            f"model.lora.alpha={settings.lora_alpha}",
-            "env.name=maze_plan",
-            f"env.sizes=[{settings.maze_size}]",
-            f"env.cell_px={settings.cell_px}",
-            "rollout.engine=transformers",
-            "rollout.temperature=1.0",
-            f"rollout.max_new_tokens={settings.new_tokens}",
-            f"rollout.batch_size={completions}",
-            "rollout.max_model_len=4096",
-            f"algo.group_size={settings.samples}",
-            f"algo.tasks_per_step={settings.prompts}",
-            f"algo.mini_batch_size={completions}",
-            f"algo.micro_batch_size={min(settings.micro_batch, completions)}",
-            "algo.ppo_epochs=1",
-            "algo.kl_coef=0.0",
-            f"train.lr={settings.lr}",
-            f"train.seed={settings.seed}",
-            "runtime.backend=local",
-        ],
-    )
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -187,232 +155,391 @@ def _memory(device: torch.device) -> dict[str, float]:
     }
 
 
+# The largest torch allocator peaks seen by `_release` before it resets them (a run's peak, across resets).
+_PEAKS: dict[str, float] = {}
+
+
 def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
+        for key, value in _memory(device).items():
+            _PEAKS[key] = max(_PEAKS.get(key, 0.0), value)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def _run_peaks(device: torch.device) -> dict[str, float]:
+    """The allocator's peaks over the whole run so far (not only since the last reset); then forgotten."""
+    out = {k: max(v, _PEAKS.get(k, 0.0)) for k, v in _memory(device).items()}
+    _PEAKS.clear()
+    return out
+
+
+class DevicePeak:
+    """Polls the GPU's used memory (every allocation on it, vLLM's pool and other processes
+    included, which torch's allocator peaks do not all see) in a thread; `peak_gib` afterwards."""
+
+    def __init__(self, device: torch.device, interval_s: float = 0.25):
+        import threading
+
+        self.device, self.interval_s, self.peak = device, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if device.type == "cuda" else None
+
+    def _read(self) -> None:
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.peak = max(self.peak, total - free)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._read()
+            except Exception:  # noqa: BLE001 - a reading that fails is a reading missed
+                pass
+
+    def __enter__(self) -> DevicePeak:
+        if self._thread is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._read()
+
+    def figures(self) -> dict[str, float]:
+        return {"device_peak_used_gib": self.peak / 2**30} if self._thread is not None else {}
+
+
 # ------------------------------------------------------------------------------------------
-# vlrl
+# vlrl: the product's own step
+
+
+def bench_config(settings: BenchSettings, model_dir: Path, run_root: Path):
+    """The RunConfig of the workload: what `vlrl train` would be given for it (one local worker)."""
+    from vlrl.config import load_config
+
+    completions = settings.prompts * settings.samples
+    device = settings.resolved_device()
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"model.dtype={settings.dtype}",
+            f"model.attn_implementation={settings.attn}",
+            f"model.lora.rank={settings.lora_rank}",
+            f"model.lora.alpha={settings.lora_alpha}",
+            "model.lora.dropout=0.0",
+            "env.name=maze_plan",
+            f"env.sizes=[{settings.maze_size}]",
+            f"env.cell_px={settings.cell_px}",
+            "env.holdout.count=8",  # the trainer lists its holdout split at setup; nothing is evaluated
+            f"rollout.engine={settings.engine}",
+            "rollout.temperature=1.0",
+            f"rollout.max_new_tokens={settings.new_tokens}",
+            # One generate call per step, and room for the decode sweep's batches (vLLM's max_num_seqs).
+            f"rollout.batch_size={max([completions, *settings.decode_sweep])}",
+            "rollout.max_model_len=4096",
+            f"rollout.gpu_memory_utilization={settings.gpu_memory_utilization}",
+            f"rollout.fast_decode={ {'on': 'true', 'off': 'false'}.get(settings.fast_decode, 'auto') }",
+            f"rollout.compile_decode={str(settings.compile_decode).lower()}",
+            f"algo.group_size={settings.samples}",
+            f"algo.tasks_per_step={settings.prompts}",
+            f"algo.mini_batch_size={completions}",
+            f"algo.micro_batch_size={min(settings.micro_batch, completions)}",
+            "algo.ppo_epochs=1",
+            "algo.kl_coef=0.0",
+            f"train.lr={settings.lr}",
+            f"train.seed={settings.seed}",
+            f"train.steps={settings.warmup + settings.steps}",
+            "train.eval_every=0",
+            "train.checkpoint_every=0",
+            "train.eval_tasks=1",
+            "runtime.backend=local",
+            f"runtime.use_gpu={str(device.type == 'cuda').lower()}",
+            f"storage.root={run_root}",
+            "storage.run_name=bench",
+        ],
+    )
+
+
+# The trainer's step record -> the bench's row (time/* are GRPOTrainer.step's own phase timers).
+TRAINER_KEYS = {
+    "time/step_s": "step_s",
+    "time/rollout_s": "rollout_s",
+    "time/generate_s": "generate_s",
+    "time/env_s": "env_s",
+    "time/update_s": "update_s",
+    "time/logprob_s": "old_logprobs_s",  # old (and reference) log-probs; 0 on-policy without KL
+    "time/optim_s": "train_s",  # micro-batched forward + backward + AdamW
+    "time/sync_s": "sync_s",
+    "reward/mean": "reward_mean",
+    "train/loss": "loss",
+}
+
+
+def step_row(values: dict[str, float], engine_timings: dict[str, float]) -> dict[str, float]:
+    """One measured step from `GRPOTrainer.step`'s record (plus the engine's last generate phases)."""
+    row = {ours: float(values[theirs]) for theirs, ours in TRAINER_KEYS.items() if theirs in values}
+    row.setdefault("old_logprobs_s", 0.0)
+    # The record holds throughputs; the token counts behind them are the same quotients undone.
+    row["generated_tokens"] = float(
+        round(values.get("throughput/rollout_tokens_per_s", 0.0) * max(1e-9, values.get("time/generate_s", 0.0)))
+    )
+    row["train_tokens"] = float(
+        round(values.get("throughput/train_tokens_per_s", 0.0) * max(1e-9, values.get("time/update_s", 0.0)))
+    )
+    row.update({k: float(v) for k, v in engine_timings.items()})  # prefill_s / capture_s / decode_s
+    return row
+
+
+def update_flop_count(
+    forward_params: int, train_tokens: float, ppo_epochs: int, scoring_passes: int
+) -> tuple[float, str]:
+    """Model FLOPs of one update and the formula, as the result states it.
+
+    A LoRA update still runs the frozen base's backward through the activations, so each trained
+    token costs the standard 2N (forward) + 4N (backward) = 6N per epoch; each no-grad scoring pass
+    (old log-probs when the batch takes several optimizer steps, reference log-probs with KL) costs
+    2N. N: the language model's matmul parameters (every decoder layer + lm_head, LoRA included;
+    input embeddings and the vision tower left out), T: the update's tokens (prompt with its image
+    tokens + completion, every sequence). Attention's T^2 term and activation recomputation
+    (gradient checkpointing) are not counted: model FLOPs, not hardware FLOPs.
+    """
+    flops = (6 * ppo_epochs + 2 * scoring_passes) * forward_params * train_tokens
+    formula = (
+        f"MFU = (6 x ppo_epochs + 2 x scoring_passes) x N x T / (update_s x peak) with ppo_epochs={ppo_epochs}, "
+        f"scoring_passes={scoring_passes}, N={forward_params:,} (LM layers + lm_head, no embeddings/vision), "
+        "T = update tokens"
+    )
+    return flops, formula
+
+
+def forward_parameters(model: torch.nn.Module) -> int:
+    """N of `update_flop_count`: the language model's matmul parameters (no embeddings, no vision tower)."""
+    return sum(
+        p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name and ".visual." not in name
+    )
+
+
+def scoring_passes(config) -> int:
+    """No-grad passes over the batch inside `Policy.update`: old log-probs (when the batch takes
+    more than one optimizer step) and reference log-probs (KL)."""
+    a = config.algo
+    optimizer_steps = a.ppo_epochs * max(1, -(-a.tasks_per_step * a.group_size // a.mini_batch_size))
+    return int(optimizer_steps > 1) + int(a.kl_coef > 0)
 
 
 def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
-    """Warm-up plus measured GRPO steps through vlrl's own rollout engine and policy update."""
+    """Warm-up plus measured steps of `GRPOTrainer.step` with one in-process `Worker`.
+
+    What is timed is the product's step: the trainer's own `time/*` record (rollout through
+    `Worker.rollout`, `Worker.update`, `Worker.sync_adapter`), so a change to the trainer, worker,
+    engine or policy changes what is measured. The only thing set from outside is the engine's
+    public `ignore_eos` (every completion runs to `new_tokens`, so runs compare). Probes after the
+    steps use the worker's public methods too: the sampler/trainer log-prob gap, the update's
+    peak memory, what sleep frees, a separate engine copy's adapter sync and the decode sweep.
+    """
     from vlrl.algo.grpo import group_advantages
-    from vlrl.envs.base import build_split
-    from vlrl.models.loading import vision_special_token_ids
-    from vlrl.models.lora import adapter_state_dict, apply_lora, load_adapter_state_dict
-    from vlrl.rollout.engine import SamplingParams
-    from vlrl.rollout.episodes import RolloutStats, run_episodes
-    from vlrl.rollout.factory import build_engine
-    from vlrl.rollout.sequence import ChatFormat
-    from vlrl.training.policy import Policy
+    from vlrl.rollout.episodes import RolloutStats
+    from vlrl.training.trainer import GRPOTrainer
 
     device = settings.resolved_device()
-    config = reference_config(settings)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # the worker takes the current device
     t0 = time.perf_counter()
-    if settings.engine == "vllm":  # vLLM loads from a directory: save the preset once, load both from it
-        settings = dataclasses.replace(settings, model=str(saved_model_dir(settings)))
-    base, processor = build_model(settings, device)
-    build_s = time.perf_counter() - t0
-    model = apply_lora(
-        base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed
-    )
-    model.to(device)
-    _release(device)
-    chat = ChatFormat(processor)
-    tokenizer = processor.tokenizer
-    suppress = vision_special_token_ids(processor)
-    pad_id = tokenizer.pad_token_id
-    total_steps = settings.warmup + settings.steps
-    policy = Policy(model, config, suppress, pad_id, total_optimizer_steps=total_steps)
+    model_dir = saved_model_dir(settings)  # the real worker loads from files: a preset is saved once
+    save_s = time.perf_counter() - t0
     memory_log: dict[str, float] = {}
-    if settings.engine == "vllm":
-        engine = make_vllm_engine(settings, config, model, chat, memory_log)
-    else:
-        engine = build_engine(
-            config,
-            chat,
-            model,
-            engine="transformers",
-            shares_policy=True,
-            fast_decode={"on": True, "off": False}.get(settings.fast_decode, "auto"),
-            compile_decode=settings.compile_decode,
-            ignore_eos=True,
-        )
-    phases: dict[str, float] = {}
-    policy.score_no_grad = _timed(policy.score_no_grad, phases, "old_logprobs_s", device)
-    policy._optimizer_step = _timed(policy._optimizer_step, phases, "train_s", device)
-    n = settings.prompts
-    split = build_split(config.env, "train")  # lazy: only the tasks used are generated
-    tasks = [
-        split[i] for i in range(max(total_steps * n, max(settings.decode_sweep, default=0) // settings.samples + 1))
-    ]
-
-    rows: list[dict[str, float]] = []
-    for step in range(total_steps):
-        phases.clear()
-        batch = tasks[step * n : (step + 1) * n]
-        params = SamplingParams(
-            n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens, seed=settings.seed * 1000 + step
-        )
-        stats = RolloutStats()
-        _sync(device)
-        t_start = time.perf_counter()
-        episodes = run_episodes(
-            engine, chat, config.env, batch, settings.samples, params, config.rollout.max_model_len, stats
-        )
-        _sync(device)
-        t_rollout = time.perf_counter()
-        rewards = torch.tensor(
-            [[e.reward for e in episodes[g * settings.samples : (g + 1) * settings.samples]] for g in range(n)]
-        )
-        advantages = group_advantages(rewards).flatten().tolist()
-        free_awake = _free_bytes(device)
-        engine.sleep()
-        free_asleep = _free_bytes(device)
+    with tempfile.TemporaryDirectory(prefix="vlrl-bench-") as run_root:
+        config = bench_config(settings, model_dir, Path(run_root))
+        _release(device)
+        _PEAKS.clear()  # the preset's build is not the run's
+        t0 = time.perf_counter()
+        trainer = GRPOTrainer(config, Path(run_root) / "bench")
+        trainer.setup()  # the worker: policy + LoRA + optimizer, and its rollout engine
+        build_s = time.perf_counter() - t0
+        worker = trainer.worker
+        engine = worker.engine
+        engine.ignore_eos = True  # forced length (a public switch of both engines, meant for benchmarks)
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        update = policy.update(episodes, advantages, seed=step)
-        _sync(device)
-        t_update = time.perf_counter()
-        if device.type == "cuda":
-            memory_log["update_peak_allocated_gib"] = max(
-                memory_log.get("update_peak_allocated_gib", 0.0), torch.cuda.max_memory_allocated(device) / 2**30
-            )
-        memory_log["sleep_freed_gib"] = (free_asleep - free_awake) / 2**30
-        # A separate engine (vLLM) receives the adapter as CPU tensors; a shared one only a version bump.
-        sync_s = engine.update_adapter(
-            {} if getattr(engine, "shares_policy", False) else adapter_state_dict(model), step + 1
-        )
-        if settings.engine == "vllm" and device.type == "cuda":
-            memory_log["free_after_wake_gib"] = _free_bytes(device) / 2**30
-        t_end = time.perf_counter()
-        row = {
-            "step_s": t_end - t_start,
-            "rollout_s": t_rollout - t_start,
-            "generate_s": stats.generate_s,
-            "env_s": stats.env_s,
-            "update_s": t_update - t_rollout,
-            "sync_s": sync_s,
-            "generated_tokens": float(stats.generated_tokens),
-            "train_tokens": float(sum(len(e.sequence) for e in episodes)),
-            "prompt_tokens": float(sum(len(e.sequence) - e.response_tokens for e in episodes) / len(episodes)),
-            "reward_mean": float(rewards.mean()),
-            "loss": float(update.get("loss", 0.0)),
-            # old_logprobs_s is 0 when the update is on-policy (one optimizer step: no separate pass)
-            **dict(getattr(engine, "timings", {})),
-            "old_logprobs_s": 0.0,
-            **phases,
-        }
-        rows.append(row)
-        print(
-            f"[vlrl] step {step} ({'warm-up' if step < settings.warmup else 'measured'}): "
-            f"{row['step_s']:.2f} s (rollout {row['rollout_s']:.2f}, update {row['update_s']:.2f})",
-            flush=True,
-        )
+            memory_log["free_after_worker_start_gib"] = _free_bytes(device) / 2**30
+        rows: list[dict[str, float]] = []
+        records: list[dict[str, float]] = []
+        poll = DevicePeak(device).__enter__()
+        try:
+            for step in range(settings.warmup + settings.steps):
+                _release(device)
+                m = trainer.step()
+                row = step_row(m.values, dict(getattr(engine, "timings", {}) or {}))
+                row.update({f"step_{k}": v for k, v in _memory(device).items()})  # this step's peaks
+                rows.append(row)
+                records.append({"step": m.step, **m.values})
+                print(
+                    f"[vlrl] step {step} ({'warm-up' if step < settings.warmup else 'measured'}): "
+                    f"{row['step_s']:.2f} s (rollout {row['rollout_s']:.2f}, update {row.get('update_s', 0):.2f}, "
+                    f"sync {row['sync_s']:.3f})",
+                    flush=True,
+                )
+            probes = run_probes(settings, trainer, memory_log, group_advantages, RolloutStats)
+            n_forward = forward_parameters(worker.model)
+            result = {
+                "engine_path": engine_path(engine, device),
+                "model_dir": str(model_dir),
+                "save_s": save_s,
+                "build_s": build_s,
+                "steps": rows,
+                "records": records,  # the trainer's full step records (time/*, throughput/*, train/*)
+                "parameters": sum(p.numel() for p in worker.model.parameters()),
+                "trainable_parameters": sum(p.numel() for p in worker.model.parameters() if p.requires_grad),
+                "forward_parameters": n_forward,
+                "scoring_passes": scoring_passes(config),
+                "ppo_epochs": config.algo.ppo_epochs,
+            }
+            poll.__exit__()
+            memory = {**_run_peaks(device), **poll.figures(), **_host_memory()}
+        finally:
+            poll.__exit__()
+            trainer.close()
+    measured = rows[settings.warmup :] or rows
+    summary = _summary(measured, settings)
+    summary.update(probes.pop("summary"))
+    summary.update(memory_log)
+    flops, formula = update_flop_count(
+        result["forward_parameters"], summary["train_tokens"], result["ppo_epochs"], result["scoring_passes"]
+    )
+    peak = settings.peak_tflops * 1e12
+    summary.update(
+        update_flops=flops,
+        update_tflops_per_s=flops / max(1e-9, summary["update_s"]) / 1e12,
+        update_mfu=flops / max(1e-9, summary["update_s"]) / peak,
+        # The optimizer passes alone (6N per token per epoch over train_s, no scoring passes).
+        optim_mfu=6
+        * result["ppo_epochs"]
+        * result["forward_parameters"]
+        * summary["train_tokens"]
+        / max(1e-9, summary.get("train_s", 0.0))
+        / peak
+        if summary.get("train_s")
+        else 0.0,
+    )
+    result.update(
+        summary=summary,
+        mfu_formula=f"{formula}; peak {settings.peak_tflops:g} TFLOP/s (--peak-tflops)",
+        memory=memory,
+        **probes,
+    )
+    _release(device)
+    return result
 
+
+def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) -> dict[str, Any]:  # noqa: N803
+    """After the timed steps, through the worker's public methods: the sampler check, the
+    update's peak memory, what sleep frees, a separate copy's adapter sync, the decode sweep."""
+    device = settings.resolved_device()
+    worker = trainer.worker
+    engine = worker.engine
+    n, g = settings.prompts, settings.samples
     # Sanity of the sampler: the engine's log-probs of its own samples against the policy's
     # re-scoring of the same tokens (a wrong position, mask or cache would show as O(1) errors).
     # End-of-turn may be sampled here, so both score the same distribution.
     engine.ignore_eos = False
-    check = run_episodes(
-        engine,
-        chat,
-        config.env,
-        tasks[:n],
-        settings.samples,
-        SamplingParams(n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens, seed=12345),
-        config.rollout.max_model_len,
-    )
+    tasks = trainer.sampler.next(n)
+    check = worker.rollout(tasks, g, worker.sampling_params(seed=12345))
+    engine.ignore_eos = True
     diffs = []
-    for episode, rescored in zip(check, policy.score_no_grad([e.sequence for e in check])):
+    for episode, rescored in zip(check, worker.policy.score_no_grad([e.sequence for e in check])):
         sampled = torch.tensor(episode.sequence.loss_mask[1:], dtype=torch.bool)
         diffs.append((rescored[sampled] - torch.tensor(episode.sequence.logprobs[1:])[sampled]).abs())
-    diff = torch.cat(diffs)
+    diff = torch.cat(diffs) if diffs else torch.zeros(1)
+    # The update's own peak (the engine asleep, as Worker.update puts it): one more update of these episodes.
+    rewards = torch.tensor([[e.reward for e in check[i * g : (i + 1) * g]] for i in range(n)])
+    _release(device)
+    worker.update(check, group_advantages(rewards).flatten().tolist(), seed=10_000)
+    if device.type == "cuda":
+        memory_log["update_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        memory_log["update_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        engine.wake_up()
+        _release(device)
+        awake = _free_bytes(device)
+        engine.sleep()
+        memory_log["sleep_freed_gib"] = (_free_bytes(device) - awake) / 2**30
+    worker.sync_adapter(10_000)  # the engine serves the policy again
     del check
-    engine.ignore_eos = True
-
-    # What a separate engine copy (W > 1 workers) pays to receive the adapter: a GPU->CPU copy of
-    # the LoRA tensors and an in-place load (the all-gather across workers comes on top). With the
-    # vLLM engine the step's own sync_s is already that (GPU->CPU copy + load into vLLM).
+    # What a separate engine copy (W > 1 workers) pays to receive the adapter: gather to CPU and
+    # load (the all-gather across workers comes on top). With the vLLM engine the step's own
+    # sync_s is already that (gather + load into vLLM).
     _sync(device)
     t0 = time.perf_counter()
-    state = adapter_state_dict(model)
-    load_adapter_state_dict(model, state)
+    state = worker.adapter_state()
+    worker.load_adapter_state(state)
     _sync(device)
     copy_sync_s = time.perf_counter() - t0
     adapter_mib = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
 
     sweep = {}
     for rows_wanted in settings.decode_sweep:
-        prompts_needed = max(1, rows_wanted // settings.samples)
-        prompts = [chat.prompt(*_first_observation(config.env, task)) for task in tasks[:prompts_needed]]
-        params = SamplingParams(n=settings.samples, temperature=1.0, max_new_tokens=settings.new_tokens, seed=1)
-        engine.batch_size = prompts_needed * settings.samples
-        times = []
+        prompts_needed = max(1, rows_wanted // g)
+        tasks = trainer.sampler.next(prompts_needed)
+        figures = []
         for _ in range(2):  # the first call may capture a graph for the new shape
+            stats = RolloutStats()
             _sync(device)
             t0 = time.perf_counter()
-            out = engine.generate(prompts, params)
+            worker.rollout(tasks, g, worker.sampling_params(seed=1), stats)
             _sync(device)
-            times.append(time.perf_counter() - t0)
-        tokens = sum(len(c.token_ids) for per in out for c in per)
-        sweep[str(prompts_needed * settings.samples)] = {
-            "first_s": times[0],
-            "s": times[1],
-            "tokens": tokens,
-            "tokens_per_s": tokens / times[1],
-            **dict(getattr(engine, "timings", {})),
+            figures.append((time.perf_counter() - t0, stats))
+        (first_s, _), (wall_s, stats) = figures
+        batch = prompts_needed * g
+        sweep[str(batch)] = {
+            "first_s": first_s,
+            "s": stats.generate_s,
+            "rollout_s": wall_s,
+            "tokens": stats.generated_tokens,
+            "tokens_per_s": stats.generated_tokens / max(1e-9, stats.generate_s),
+            **dict(getattr(engine, "timings", {}) or {}),
         }
-        print(
-            f"[vlrl] rollout only, batch {prompts_needed * settings.samples}: {tokens / times[1]:,.0f} tok/s",
-            flush=True,
-        )
+        print(f"[vlrl] rollout only, batch {batch}: {sweep[str(batch)]['tokens_per_s']:,.0f} tok/s", flush=True)
+    return {
+        "decode_sweep": sweep,
+        "summary": {
+            "adapter_sync_copy_s": copy_sync_s,
+            "adapter_mib": adapter_mib,
+            "logprob_diff_mean": float(diff.mean()),
+            "logprob_diff_max": float(diff.max()),
+        },
+    }
 
-    measured = rows[settings.warmup :] or rows
-    summary = _summary(measured, settings)
-    summary.update(
-        adapter_sync_copy_s=copy_sync_s,
-        adapter_mib=adapter_mib,
-        logprob_diff_mean=float(diff.mean()),
-        logprob_diff_max=float(diff.max()),
-    )
-    fast = any("decode_s" in r for r in rows)
-    if settings.engine == "vllm":
+
+def engine_path(engine, device: torch.device) -> str:
+    """Which rollout path the worker's engine took, in words."""
+    if type(engine).__name__ == "VLLMEngine":
         import vllm
 
-        path = f"vLLM {vllm.__version__} (adapters by {engine.adapter_transport}, start-up {engine.startup_s:.0f} s)"
-    elif fast:
-        path = "static-cache decoder, CUDA graphs" if device.type == "cuda" else "static-cache decoder, eager"
-    else:
-        path = "transformers generate"
-    summary.update(memory_log)
-    result = {
-        "engine_path": path,
-        "build_s": build_s,
-        "summary": summary,
-        "steps": rows,
-        "decode_sweep": sweep,
-        "memory": _memory(device),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-    }
-    if settings.engine == "vllm":
-        engine.close()
-    del engine, policy, model, base
-    _release(device)
-    return result
+        return (
+            f"vLLM {vllm.__version__} (adapters by {getattr(engine, 'adapter_transport', '?')}, "
+            f"start-up {getattr(engine, 'startup_s', 0.0):.0f} s)"
+        )
+    if "decode_s" in (getattr(engine, "timings", None) or {}):
+        return "static-cache decoder, CUDA graphs" if device.type == "cuda" else "static-cache decoder, eager"
+    return "transformers generate"
 
 
 def _free_bytes(device: torch.device) -> int:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
 
 
+def _host_memory() -> dict[str, float]:
+    """This process's peak resident memory (the whole run so far)."""
+    import resource
+
+    return {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
 def saved_model_dir(settings: BenchSettings) -> Path:
-    """A directory holding the model (vLLM loads from files): the model itself, or the preset saved once."""
+    """A directory holding the model (the worker and TRL's vLLM load from files): the model
+    itself, or the preset saved once."""
     if Path(settings.model).is_dir():
         return Path(settings.model)
     path = Path(settings.model_dir or f"/tmp/vlrl-bench-{settings.model}")
@@ -421,8 +548,9 @@ def saved_model_dir(settings: BenchSettings) -> Path:
 
 
 def save_preset(path: Path, settings: BenchSettings) -> float:
-    """Build the preset `settings.model` and save it (weights, tokenizer, processor) at `path`
-    unless it is there; returns the seconds it took. Written aside, then renamed."""
+    """Build the preset `settings.model` (on the bench's device: fast for the 8B shape) and save
+    it (weights, tokenizer, processor) at `path` unless it is there; returns the seconds it took.
+    Written aside, then renamed."""
     if (path / "config.json").is_file():
         return 0.0
     from vlrl.models.tiny import TINY_SPECS, _save_processor_files, build_tokenizer
@@ -440,52 +568,6 @@ def save_preset(path: Path, settings: BenchSettings) -> float:
     return time.perf_counter() - t0
 
 
-def make_vllm_engine(settings: BenchSettings, config, model, chat, memory_log: dict[str, float]):
-    """vlrl's vLLM engine beside the policy on the same device, sized as `vlrl train` sizes it."""
-    from vlrl.models.lora import adapter_state_dict
-    from vlrl.rollout.factory import build_engine, vllm_memory_share
-
-    device = settings.resolved_device()
-    cuda = device.type == "cuda"
-    share = 0.5
-    if cuda:
-        share = vllm_memory_share(settings.gpu_memory_utilization, *torch.cuda.mem_get_info(device))
-        memory_log["vllm_share"] = share
-    rows = max([settings.prompts * settings.samples, *settings.decode_sweep])
-    engine = build_engine(
-        config,
-        chat,
-        model,
-        engine="vllm",
-        model_dir=settings.model,
-        gpu_memory_utilization=share,
-        max_model_len=1024,
-        max_images=1,
-        max_num_seqs=rows,
-        kv_cache_memory_mb=256,
-        use_gpu=cuda,
-        extra_args={
-            "compilation_config": {
-                "cudagraph_capture_sizes": sorted({1, 8, 16, 32, 64, 128, rows} | set(settings.decode_sweep))
-            }
-        }
-        if cuda
-        else None,
-    )
-    engine.ignore_eos = True  # forced length, as the transformers engine runs the workload
-    engine.update_adapter(adapter_state_dict(model), 0)
-    if cuda:
-        memory_log["free_after_vllm_start_gib"] = torch.cuda.mem_get_info(device)[0] / 2**30
-    return engine
-
-
-def _first_observation(env_config, task):
-    from vlrl.envs.base import make_env
-
-    env = make_env(env_config)
-    return env.system_prompt, env.reset(task)
-
-
 def _summary(rows: list[dict[str, float]], settings: BenchSettings) -> dict[str, float]:
     step_s = _mean(rows, "step_s")
     completions = settings.prompts * settings.samples
@@ -494,6 +576,7 @@ def _summary(rows: list[dict[str, float]], settings: BenchSettings) -> dict[str,
         completions_per_s=completions / step_s if step_s else 0.0,
         rollout_tokens_per_s=_mean(rows, "generated_tokens") / max(1e-9, _mean(rows, "generate_s")),
         train_tokens_per_s=_mean(rows, "train_tokens") / max(1e-9, _mean(rows, "update_s")),
+        prompt_tokens=_mean(rows, "train_tokens") / completions - settings.new_tokens,
     )
     return out
 
@@ -502,9 +585,19 @@ def _summary(rows: list[dict[str, float]], settings: BenchSettings) -> dict[str,
 # TRL
 
 
-def run_trl(settings: BenchSettings) -> dict[str, Any]:
-    """The same workload through TRL's GRPOTrainer: transformers generation, or (`trl_vllm`) its
-    colocated vLLM engine."""
+def trl_variants(settings: BenchSettings) -> list[str]:
+    """The TRL runs asked for: "trl" (transformers generation) and/or "trl-vllm" (colocated vLLM)."""
+    variants = [v for v in settings.compare if v in ("trl", "trl-vllm")]
+    if settings.trl_only and not variants:
+        variants = ["trl"]
+    if settings.trl_vllm:  # the older spelling: --trl-vllm turns the TRL run into the vLLM one
+        variants = ["trl-vllm" if v == "trl" else v for v in variants]
+    return list(dict.fromkeys(variants))
+
+
+def run_trl(settings: BenchSettings, use_vllm: bool = False) -> dict[str, Any]:
+    """The same workload through TRL's GRPOTrainer: transformers generation, or (`use_vllm`) its
+    colocated vLLM engine. Loaded from the same directory as vlrl's worker (the same weights)."""
     try:
         import trl
         from peft import LoraConfig
@@ -519,13 +612,16 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     from vlrl.models.lora import lora_target_regex
 
     device = settings.resolved_device()
-    config = reference_config(settings)
+    settings = dataclasses.replace(settings, trl_vllm=use_vllm)
     t0 = time.perf_counter()
-    if settings.trl_vllm:  # TRL's vLLM loads the model from its directory (model.name_or_path)
-        settings = dataclasses.replace(settings, model=str(saved_model_dir(settings)))
+    # TRL's vLLM loads the model from its directory (model.name_or_path); both runs load the saved preset.
+    model_dir = saved_model_dir(settings)
+    config = bench_config(settings, model_dir, Path(tempfile.gettempdir()))
+    settings = dataclasses.replace(settings, model=str(model_dir))
     model, processor = build_model(settings, device)
     build_s = time.perf_counter() - t0
     _release(device)
+    _PEAKS.clear()  # the peaks of the steps, the weights included, not of building them
     total_steps = settings.warmup + settings.steps
     split = build_split(config.env, "train")
     tasks = [split[i] for i in range(total_steps * settings.prompts)]
@@ -634,6 +730,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
     step_s = _mean(measured, "step_s")
     result = {
         "version": trl.__version__ + (" + vLLM colocate" if settings.trl_vllm else ""),
+        "use_vllm": settings.trl_vllm,
         "build_s": build_s,
         "steps": rows,
         "summary": {
@@ -643,7 +740,7 @@ def run_trl(settings: BenchSettings) -> dict[str, Any]:
             "completions_per_s": completions / step_s if step_s else 0.0,
             "rollout_tokens_per_s": completions * settings.new_tokens / max(1e-9, _mean(measured, "generate_s")),
         },
-        "memory": _memory(device),
+        "memory": {**_run_peaks(device), **_host_memory()},
         "logged_steps": len(logs),
     }
     del trainer, model
@@ -723,49 +820,98 @@ def environment_info(device: torch.device) -> dict[str, Any]:
 
 
 def run(settings: BenchSettings) -> dict[str, Any]:
-    """vlrl's run (unless `trl_only`), then TRL's when compared, and the ratio of their step times."""
+    """vlrl's run (unless `trl_only`), then each TRL run compared, and the ratios of their step times."""
     device = settings.resolved_device()
     result: dict[str, Any] = {"settings": dataclasses.asdict(settings), "environment": environment_info(device)}
     if not settings.trl_only:
         result["vlrl"] = run_vlrl(settings)
-    if settings.trl_only or "trl" in settings.compare:
-        result["trl"] = run_trl(settings)
+    for variant in trl_variants(settings):
+        result[TRL_KEYS[variant]] = run_trl(settings, use_vllm=variant == "trl-vllm")
     return with_ratio(result)
 
 
+# Where each TRL run sits in a result: without vLLM (transformers generation) and with its colocated vLLM.
+TRL_KEYS = {"trl": "trl", "trl-vllm": "trl_vllm"}
+
+
 def with_ratio(result: dict[str, Any]) -> dict[str, Any]:
-    """Add TRL's step time over vlrl's when both are in `result`."""
-    if "vlrl" in result and "trl" in result:
-        result["trl_over_vlrl_step_time"] = result["trl"]["summary"]["step_s"] / result["vlrl"]["summary"]["step_s"]
+    """Add each TRL run's step time over vlrl's when both are in `result`."""
+    if "vlrl" not in result:
+        return result
+    ours = result["vlrl"]["summary"]["step_s"]
+    for key in TRL_KEYS.values():
+        if key in result:
+            result[f"{key}_over_vlrl_step_time"] = result[key]["summary"]["step_s"] / ours
     return result
 
 
-def merge(vlrl_result: dict[str, Any], trl_result: dict[str, Any]) -> dict[str, Any]:
-    """One result from a vlrl-only and a TRL-only run of the same workload (e.g. on two GPUs at once)."""
+def _trl_parts(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The TRL runs of a result by key; a "trl" run that used vLLM (files of before the split) is trl_vllm."""
+    parts = {key: result[key] for key in TRL_KEYS.values() if key in result}
+    trl = parts.get("trl")
+    if trl is not None and (trl.get("use_vllm") or "vLLM" in str(trl.get("version", ""))):
+        parts["trl_vllm"] = parts.pop("trl")
+    return parts
+
+
+def merge(vlrl_result: dict[str, Any], *trl_results: dict[str, Any]) -> dict[str, Any]:
+    """One result from a vlrl-only run and TRL-only runs (with and without vLLM) of the same
+    workload, run one after the other or on several GPUs at once."""
     keys = ("model", "dtype", "lora_rank", "prompts", "samples", "new_tokens", "micro_batch", "maze_size", "cell_px")
-    a, b = (_resolved_model(r["settings"]) for r in (vlrl_result, trl_result))
-    different = [k for k in keys if a[k] != b[k]]
-    if different:
-        raise ValueError(f"the two runs differ in {different}: not the same workload")
-    merged = {**vlrl_result, "trl": trl_result["trl"], "trl_environment": trl_result["environment"]}
+    a = _resolved_model(vlrl_result["settings"])
+    merged = {k: v for k, v in vlrl_result.items() if k not in TRL_KEYS.values()}
+    for other in trl_results:
+        b = _resolved_model(other["settings"])
+        different = [k for k in keys if a[k] != b[k]]
+        if different:
+            raise ValueError(f"the two runs differ in {different}: not the same workload")
+        for key, part in _trl_parts(other).items():
+            merged[key] = part
+            merged[f"{key}_environment"] = other["environment"]
     return with_ratio(merged)
 
 
 def _resolved_model(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings with `model` naming the directory actually loaded (a preset saved to model_dir for vLLM)."""
-    if settings.get("model_dir") and not Path(str(settings["model"])).is_absolute():
-        return {**settings, "model": settings["model_dir"]}
+    """Settings with `model` naming the directory actually loaded (a preset is saved to model_dir)."""
+    model = str(settings["model"])
+    if not Path(model).is_absolute():
+        return {**settings, "model": settings.get("model_dir") or f"/tmp/vlrl-bench-{model}"}
     return settings
 
 
+def headline(result: dict[str, Any]) -> dict[str, float | None]:
+    """The figures the GPU run is judged by (None where this run did not measure one)."""
+    ours = result.get("vlrl", {})
+    summary = ours.get("summary", {})
+    sweep = ours.get("decode_sweep", {})
+    batch64 = sweep.get("64", {}).get("tokens_per_s")
+    s = result["settings"]
+    if batch64 is None and s["prompts"] * s["samples"] == 64 and "rollout_tokens_per_s" in summary:
+        batch64 = summary["rollout_tokens_per_s"]  # the step's own rollout is 64 completions
+    memory = ours.get("memory", {})
+    return {
+        "step_s": summary.get("step_s"),
+        "generate_batch64_tokens_per_s": batch64,
+        "sync_s": summary.get("sync_s"),
+        "update_tokens_per_s": summary.get("train_tokens_per_s"),
+        "update_mfu": summary.get("update_mfu"),
+        "peak_allocated_gib": memory.get("peak_allocated_gib"),
+        "device_peak_used_gib": memory.get("device_peak_used_gib"),
+        "update_peak_allocated_gib": summary.get("update_peak_allocated_gib"),
+        "trl_vllm_over_vlrl_step_time": result.get("trl_vllm_over_vlrl_step_time"),
+        "trl_over_vlrl_step_time": result.get("trl_over_vlrl_step_time"),
+    }
+
+
 def format_table(result: dict[str, Any]) -> str:
-    """A plain-text table of the summary: a column for vlrl and one for TRL, whichever ran."""
+    """A plain-text table of the summary: a column for vlrl and one for each TRL run, whichever ran."""
     s, env = result["settings"], result["environment"]
     columns: list[tuple[str, dict[str, Any]]] = []
     if "vlrl" in result:
         columns.append(("vlrl", result["vlrl"]))
-    if "trl" in result:
-        columns.append((f"TRL {result['trl']['version']}", result["trl"]))
+    for key in TRL_KEYS.values():
+        if key in result:
+            columns.append((f"TRL {result[key]['version']}", result[key]))
     lines = [
         f"GRPO step benchmark - {s['model']}, {s['dtype']}, LoRA r={s['lora_rank']}, {s['prompts']} prompts x "
         f"{s['samples']} samples x {s['new_tokens']} new tokens, maze_plan {s['maze_size']}x{s['maze_size']}, "
@@ -774,8 +920,8 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     if "vlrl" in result:
         lines.append(
-            f"vlrl engine: {result['vlrl']['engine_path']} (fast_decode={s['fast_decode']}, "
-            f"compile={s['compile_decode']})"
+            f"vlrl: GRPOTrainer.step, one local Worker; engine {result['vlrl']['engine_path']} "
+            f"(fast_decode={s['fast_decode']}, compile={s['compile_decode']})"
         )
     width = max([16] + [len(name) + 2 for name, _ in columns])
     lines += ["", f"{'metric':<36}" + "".join(f"{name:>{width}}" for name, _ in columns)]
@@ -791,7 +937,9 @@ def format_table(result: dict[str, Any]) -> str:
     row("s / step", "step_s", "{:.2f}")
     row("completions / s", "completions_per_s")
     row("rollout tokens / s", "rollout_tokens_per_s", "{:,.0f}")
-    row("training tokens / s", "train_tokens_per_s", "{:,.0f}")
+    row("training (update) tokens / s", "train_tokens_per_s", "{:,.0f}")
+    row("update MFU", "update_mfu", "{:.1%}")
+    row("  fwd + bwd + AdamW MFU", "optim_mfu", "{:.1%}")
     row("adapter sync s (this engine)", "sync_s", "{:.4f}")
     row("adapter sync s (separate copy)", "adapter_sync_copy_s", "{:.3f}")
     row("engine-policy log-prob |diff| mean", "logprob_diff_mean", "{:.2e}")
@@ -804,11 +952,14 @@ def format_table(result: dict[str, Any]) -> str:
     row("    env + prompts", "env_s", "{:.3f}")
     row("  update", "update_s", "{:.3f}")
     row("  TRL: step - generate", "rest_s", "{:.3f}")
-    row("    old log-probs", "old_logprobs_s", "{:.3f}")
+    row("    old/ref log-probs", "old_logprobs_s", "{:.3f}")
     row("    fwd + bwd + AdamW", "train_s", "{:.3f}")
+    row("  sync", "sync_s", "{:.4f}")
     row("peak GPU memory GiB (allocated)", "peak_allocated_gib", "{:.1f}", where="memory")
-    row("vLLM share of the GPU", "vllm_share", "{:.3f}")
-    row("GPU free after vLLM start GiB", "free_after_vllm_start_gib", "{:.1f}")
+    row("peak GPU memory GiB (reserved)", "peak_reserved_gib", "{:.1f}", where="memory")
+    row("peak GPU memory GiB (device, polled)", "device_peak_used_gib", "{:.1f}", where="memory")
+    row("peak host memory GiB (RSS)", "host_peak_rss_gib", "{:.1f}", where="memory")
+    row("GPU free after worker start GiB", "free_after_worker_start_gib", "{:.1f}")
     row("GPU memory freed by sleep GiB", "sleep_freed_gib", "{:.1f}")
     row("update peak allocated GiB", "update_peak_allocated_gib", "{:.1f}")
     if "vlrl" in result:
@@ -816,12 +967,32 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"{f'rollout only, batch {batch}: tok/s':<36}{figures['tokens_per_s']:>16,.0f}")
     if "trl_over_vlrl_step_time" in result:
         lines.append(f"TRL step time / vlrl step time: {result['trl_over_vlrl_step_time']:.2f}x")
+    if "trl_vllm_over_vlrl_step_time" in result:
+        lines.append(f"TRL+vLLM step time / vlrl step time: {result['trl_vllm_over_vlrl_step_time']:.2f}x")
     if "vlrl" in result:
         ours = result["vlrl"]["summary"]
         lines.append(
             f"training tokens per step {ours['train_tokens']:.0f} (prompt {ours['prompt_tokens']:.0f} + "
             f"{s['new_tokens']} new per completion); warm-up steps ({s['warmup']}) not counted"
         )
+        lines.append(result["vlrl"]["mfu_formula"])
+    figures = headline(result)
+    lines += ["", "headline (- : not measured in this run)"]
+    labels = {
+        "step_s": ("s / step", "{:.2f}"),
+        "generate_batch64_tokens_per_s": ("generate at batch 64, tok/s", "{:,.0f}"),
+        "sync_s": ("adapter sync s", "{:.4f}"),
+        "update_tokens_per_s": ("update tok/s", "{:,.0f}"),
+        "update_mfu": ("update MFU", "{:.1%}"),
+        "peak_allocated_gib": ("peak GPU memory GiB (torch)", "{:.1f}"),
+        "device_peak_used_gib": ("peak GPU memory GiB (device)", "{:.1f}"),
+        "update_peak_allocated_gib": ("update peak GiB", "{:.1f}"),
+        "trl_vllm_over_vlrl_step_time": ("TRL+vLLM / vlrl step time", "{:.2f}x"),
+        "trl_over_vlrl_step_time": ("TRL (no vLLM) / vlrl step time", "{:.2f}x"),
+    }
+    for key, (label, fmt) in labels.items():
+        value = figures[key]
+        lines.append(f"  {label:<34}{fmt.format(value) if value is not None else '-':>16}")
     return "\n".join(lines)
 
 
@@ -842,10 +1013,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchSettings | list[str]
     p.add_argument("--out", default=None, help="write the full result as JSON here")
     p.add_argument(
         "--merge",
-        nargs=2,
-        metavar=("VLRL_JSON", "TRL_JSON"),
+        nargs="+",
+        metavar="JSON",
         default=None,
-        help="combine a vlrl-only and a TRL-only result into one table (nothing is run)",
+        help="combine a vlrl-only result and TRL-only results (with and without vLLM) into one table (nothing is run)",
     )
     ns = vars(p.parse_args(argv))
     out = ns.pop("out")

@@ -40,18 +40,32 @@ TINY = [
 
 @pytest.fixture(scope="module")
 def tiny_result(tmp_path_factory):
+    from vlrl.training.trainer import GRPOTrainer
+
     out = tmp_path_factory.mktemp("bench") / "bench.json"
-    r = CliRunner().invoke(app, ["bench", *TINY, "--fast-decode", "on", "--decode-sweep", "4", "-o", str(out)])
+    calls = []
+    step = GRPOTrainer.step
+
+    def counted(self):
+        calls.append(self.config.rollout.engine)
+        return step(self)
+
+    with pytest.MonkeyPatch.context() as mp:  # the bench must run the product's step, not a copy of it
+        mp.setattr(GRPOTrainer, "step", counted)
+        r = CliRunner().invoke(app, ["bench", *TINY, "--fast-decode", "on", "--decode-sweep", "4", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    return json.loads(out.read_text()), r.output
+    return json.loads(out.read_text()), r.output, calls
 
 
-def test_vlrl_bench_times_a_grpo_step_and_writes_json(tiny_result):
-    result, output = tiny_result
-    assert "s / step" in output and "training tokens / s" in output and "decode" in output
+def test_vlrl_bench_times_the_trainers_step_and_writes_json(tiny_result):
+    result, output, calls = tiny_result
+    assert calls == ["transformers"]  # --warmup 0 --steps 1: one GRPOTrainer.step
+    assert "s / step" in output and "update tok/s" in output and "decode" in output and "MFU = " in output
     ours = result["vlrl"]
     assert ours["engine_path"] == "static-cache decoder, eager"
     (step,) = ours["steps"]
+    (record,) = ours["records"]
+    assert step["step_s"] == record["time/step_s"] and step["sync_s"] == record["time/sync_s"]  # the trainer's own
     assert step["generated_tokens"] == 2 * 2 * 4  # the length is forced
     assert step["step_s"] >= step["rollout_s"] + step["update_s"] > 0
     assert step["update_s"] >= step["old_logprobs_s"] + step["train_s"] > 0
@@ -60,16 +74,39 @@ def test_vlrl_bench_times_a_grpo_step_and_writes_json(tiny_result):
     assert summary["logprob_diff_mean"] < 1e-4  # the engine samples what the policy scores
     assert ours["decode_sweep"]["4"]["tokens"] == 16
     assert ours["trainable_parameters"] > 0
+    n, tokens = ours["forward_parameters"], step["train_tokens"]
+    assert summary["update_flops"] == pytest.approx(6 * n * tokens)  # one epoch, on-policy, no KL: 6 N T
+    assert summary["update_mfu"] == pytest.approx(6 * n * tokens / summary["update_s"] / 790e12)
+
+
+def test_update_flops_count_scoring_passes():
+    harness = load_harness()
+    flops, formula = harness.update_flop_count(1000, 10, ppo_epochs=2, scoring_passes=2)
+    assert flops == (12 + 4) * 1000 * 10 and "6 x ppo_epochs + 2 x scoring_passes" in formula
+
+
+def test_trl_variants():
+    harness = load_harness()
+    settings = harness.BenchSettings
+    assert harness.trl_variants(settings(compare=["trl", "trl-vllm"])) == ["trl", "trl-vllm"]
+    assert harness.trl_variants(settings(trl_only=True, trl_vllm=True)) == ["trl-vllm"]  # the older flags
+    assert harness.trl_variants(settings()) == []
 
 
 def test_merge_combines_side_by_side_runs_of_one_workload(tiny_result):
     harness = load_harness()
-    ours, _ = tiny_result
+    ours, _, _ = tiny_result
+    step_s = ours["vlrl"]["summary"]["step_s"]
     trl_only = {key: value for key, value in ours.items() if key != "vlrl"}
-    trl_only["trl"] = {"version": "x", "summary": {"step_s": 3 * ours["vlrl"]["summary"]["step_s"]}, "memory": {}}
-    merged = harness.merge(ours, trl_only)
+    trl_only["trl"] = {"version": "x", "summary": {"step_s": 3 * step_s}, "memory": {}}
+    # A TRL + vLLM file as --trl-only --trl-vllm wrote it before the split (under "trl"): read as trl_vllm.
+    trl_vllm_only = {**trl_only, "trl": {"version": "x + vLLM colocate", "summary": {"step_s": 2 * step_s}}}
+    merged = harness.merge(ours, trl_only, trl_vllm_only)
     assert merged["trl_over_vlrl_step_time"] == pytest.approx(3.0)
-    assert "TRL step time / vlrl step time: 3.00x" in harness.format_table(merged)
+    assert merged["trl_vllm_over_vlrl_step_time"] == pytest.approx(2.0)
+    table = harness.format_table(merged)
+    assert "TRL step time / vlrl step time: 3.00x" in table and "TRL+vLLM step time / vlrl step time: 2.00x" in table
+    assert harness.headline(merged)["trl_vllm_over_vlrl_step_time"] == pytest.approx(2.0)
     other = copy.deepcopy(trl_only)
     other["settings"]["prompts"] = 8
     with pytest.raises(ValueError, match="prompts"):
@@ -80,7 +117,7 @@ def test_bad_options_are_one_line_errors():
     r = CliRunner().invoke(app, ["bench", "--fast-decode", "maybe"])
     assert r.exit_code != 0 and "fast-decode" in str(r.exception)
     r = CliRunner().invoke(app, ["bench", "--compare", "verl"])
-    assert r.exit_code != 0 and "trl" in str(r.exception)
+    assert r.exit_code != 0 and "trl-vllm" in str(r.exception)
 
 
 @pytest.mark.skipif(

@@ -88,17 +88,25 @@ def bench(
         "", "--decode-sweep", help="Also time rollouts alone at these batch sizes, e.g. 64,256."
     ),
     compare: str = typer.Option(
-        "", "--compare", help="`trl`: run TRL's GRPOTrainer on the same workload (needs the bench extra)."
+        "",
+        "--compare",
+        help="`trl` (transformers generation) and/or `trl-vllm` (its colocated vLLM), comma-separated: run TRL's "
+        "GRPOTrainer on the same workload in the same run (needs the bench extra).",
+    ),
+    peak_tflops: float = typer.Option(
+        790.0, "--peak-tflops", min=1e-6, help="The device's dense bf16 peak for the update's MFU (H200: ~790)."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the sampling."),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write the full result (every step, every phase) as JSON."
     ),
 ) -> None:
-    """Time GRPO steps of the reference workload (issue 10) and print s/step, throughputs, phases and memory.
+    """Time GRPO steps of the reference workload (issue 10) and print s/step, throughputs, phases, MFU and memory.
+
+    The steps are the product's own: `GRPOTrainer.step` with one local worker (its time/* record).
 
     Example (one GPU): vlrl bench --compare trl --decode-sweep 64,256 -o bench.json
-    Example (one GPU, vLLM on both sides): vlrl bench --engine vllm --compare trl --trl-vllm --decode-sweep 64,256
+    Example (one GPU, vLLM on both sides): vlrl bench --engine vllm --compare trl,trl-vllm --decode-sweep 64,256
     Example (CPU smoke): vlrl bench --model ci --device cpu --dtype float32 --prompts 2 --samples 2 --new-tokens 8
     --cell-px 16 --maze-size 3
     """
@@ -107,8 +115,8 @@ def bench(
     if fast_decode not in ("auto", "on", "off"):
         raise VlrlError(f"--fast-decode {fast_decode!r}: use auto, on or off")
     targets = [c for c in compare.split(",") if c.strip()]
-    if any(t != "trl" for t in targets):
-        raise VlrlError(f"--compare {compare!r}: the only comparison is trl")
+    if any(t not in ("trl", "trl-vllm") for t in targets):
+        raise VlrlError(f"--compare {compare!r}: the comparisons are trl and trl-vllm")
     harness = load_harness()
     settings = harness.BenchSettings(
         model=model,
@@ -132,6 +140,7 @@ def bench(
         engine=engine,
         gpu_memory_utilization=gpu_memory_utilization,
         trl_vllm=trl_vllm,
+        peak_tflops=peak_tflops,
     )
     result = harness.run(settings)
     typer.echo(harness.format_table(result))
