@@ -5,12 +5,15 @@
 # runs long costs only itself.
 #
 #   OUT=DIR bash bench/gpu_vllm.sh checks   # bench/gpu_vllm_checks.py + a 5-step train with vLLM rollouts
-#   OUT=DIR bash bench/gpu_vllm.sh bench    # 8B-shape step: vlrl + vLLM, TRL + vLLM
+#   OUT=DIR bash bench/gpu_vllm.sh bench    # 8B-shape step: vlrl + vLLM (GRPOTrainer.step), decode sweep
+#   OUT=DIR bash bench/gpu_vllm.sh bench-trl   # the same workload through TRL + its colocated vLLM, then TRL alone
+#   OUT=DIR bash bench/gpu_vllm.sh reference   # one GPU's share of configs/qwen3vl-8b-6gpu.yaml, vLLM engine
+#   OUT=DIR bash bench/gpu_vllm.sh reference-hf   # the same with the transformers engine
 #   OUT=DIR bash bench/gpu_vllm.sh serve    # vlrl serve under load, with swaps
 #   OUT=DIR bash bench/gpu_vllm.sh extra    # update memory (issue 17), no vLLM needed
 #
 # Every mode but extra first runs .vg/setup.sh, which must make a GPU build of vLLM importable
-# (the script puts /tmp/vllm-site first on PYTHONPATH). Wheels in .whl/ (TRL for `bench`) are
+# (the script puts /tmp/vllm-site first on PYTHONPATH). Wheels in .whl/ (TRL for `bench-trl`) are
 # installed into /tmp/site first, e.g.:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \

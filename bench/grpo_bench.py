@@ -7,12 +7,19 @@ r=32 on the language model's projections, the single-turn 5x5 maze plan task (`m
 225 px (224 px after the processor, 49 image tokens), 8 prompts x 8 samples = 64 completions of
 exactly 128 new tokens (end-of-turn never sampled, so runs compare), one optimizer step per batch.
 
-vlrl's step is the one `GRPOTrainer` runs with one in-process worker: `run_episodes` through a
-`TransformersEngine` that shares the policy's module, GRPO advantages, `Policy.update` (old
-log-probs, micro-batched forward/backward, AdamW), adapter sync. Warm-up steps (CUDA graph
-capture, allocator growth) are run first and reported apart. `--compare trl` then builds the same
-model again and runs TRL's `GRPOTrainer` (transformers generation, no vLLM) on the same prompts,
-images, batch and LoRA, and prints the ratio of the mean step times.
+vlrl's step is the product's own: `GRPOTrainer.step` with one in-process `Worker`
+(`runtime.backend=local`) built from a `RunConfig`, timed by the trainer's own `time/*` record
+(rollout, generate, env, old log-probs, optimizer passes, sync), so a change to the trainer,
+worker, engine or policy changes what is measured. Warm-up steps (CUDA graph capture, allocator
+growth) are run first and reported apart. Probes after the steps go through the worker's public
+methods: the sampler/trainer log-prob gap, the update's peak memory, what the engine's sleep
+frees, a separate engine copy's adapter sync, and a rollout-only decode sweep (`--decode-sweep`).
+The update's MFU is (6 x epochs + 2 x scoring passes) x N x T / (update seconds x
+`--peak-tflops`), N the language model's matmul parameters, T the update's tokens (the formula
+is stored in the result as `mfu_formula`). `--compare trl` / `--compare trl-vllm` (or
+`--trl-only [--trl-vllm]` in a separate process) run TRL 1.16's `GRPOTrainer` on the same saved
+model, prompts, images, batch and LoRA, with transformers generation or its colocated vLLM; the
+result holds each with its ratio to vlrl's step, and `--merge` joins files of separate runs.
 
     python bench/grpo_bench.py --model qwen3vl-8b-shape --steps 3 --compare trl --out bench.json
     vlrl bench --model ci --device cpu --dtype float32 --prompts 2 --samples 2 --new-tokens 8   # smoke
