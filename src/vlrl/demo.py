@@ -1,8 +1,13 @@
 """The embedded demo, end to end on a CPU: what `make demo` runs.
 
-    build the demo model offline -> SFT warm start on oracle transcripts -> GRPO with LoRA
-    -> evaluate base, SFT and GRPO on the holdout split -> table with 95% intervals, paired
-    comparisons on the same tasks (McNemar's exact test) -> plot
+    build the demo model offline -> SFT on an imperfect demonstrator's transcripts
+    (train.sft.demonstrator: the maze's depth-first walker) -> GRPO with LoRA -> evaluate base,
+    demonstrator-SFT and GRPO on the holdout split, and the demonstrator itself on the same tasks
+    -> table with 95% intervals, paired comparisons on the same tasks (McNemar's exact test) -> plot
+
+Where the oracle is free and perfect, "GRPO beats its SFT start" only measures how early SFT was
+stopped. Against an imperfect demonstrator the question is the one RL answers: does GRPO learn
+what imitating the demonstrator cannot give (here: not to walk into dead ends the image shows)?
 
 Everything lands in one directory (default runs/demo): the model, both adapters, the GRPO run
 (config, metrics.jsonl, checkpoints), evaluation summaries and traces, demo.json and the plot.
@@ -18,12 +23,13 @@ from pathlib import Path
 from rich.console import Console
 
 from vlrl.config import RunConfig
+from vlrl.envs.base import build_split
 from vlrl.eval.evaluate import format_p, pair_results, paired_table, results_table
 from vlrl.eval.protocol import evaluate_models
 from vlrl.models.loading import ensure_model
 from vlrl.report.plots import learning_curve
 from vlrl.training.progress import train_with_progress
-from vlrl.training.sft import reached_target, run_sft
+from vlrl.training.sft import demonstrator_result, reached_target, run_sft
 
 
 def peak_memory_mb() -> float:
@@ -47,7 +53,8 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         model_dir = ensure_model(config.model)
     phase("model", t0)
 
-    console.rule("1/3 SFT warm start on oracle transcripts")
+    who = config.train.sft.demonstrator
+    console.rule(f"1/3 SFT warm start on {who} transcripts")
     t0 = time.perf_counter()
     from rich.progress import Progress
 
@@ -84,7 +91,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     phase("grpo", t0)
 
     n_eval = config.env.holdout.count
-    console.rule(f"3/3 evaluation on {n_eval} holdout tasks (greedy)")
+    console.rule(f"3/3 evaluation on {n_eval} holdout tasks (greedy), and the {who} on the same tasks")
     t0 = time.perf_counter()
     if full:
         models = [("base", None, None), ("sft", str(sft_dir), None), ("grpo", str(sft_dir), str(grpo_dir))]
@@ -92,6 +99,9 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         models = [("base", None, None), ("sft", None, str(sft_dir)), ("grpo", None, str(grpo_dir))]
     with console.status("evaluating base, SFT and GRPO"):
         results = evaluate_models(config, models, split="holdout", limit=n_eval, greedy=True, out_dir=out / "eval")
+        holdout = build_split(config.env, "holdout")
+        tasks = [holdout[i] for i in range(min(n_eval, len(holdout)))]
+        results.insert(1, demonstrator_result(config, tasks, label="demonstrator"))
     phase("eval", t0)
 
     console.print(results_table(results, title=f"holdout split, {results[0].summary()['n']} tasks"))
@@ -100,7 +110,13 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     by_label = {r.label: r for r in results}
     paired = {
         f"{a}_vs_{b}": pair_results(by_label[a], by_label[b])
-        for a, b in (("sft", "base"), ("grpo", "base"), ("grpo", "sft"))
+        for a, b in (
+            ("sft", "base"),
+            ("grpo", "base"),
+            ("grpo", "sft"),
+            ("sft", "demonstrator"),
+            ("grpo", "demonstrator"),
+        )
     }
     history = [json.loads(line) for line in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     evals = json.loads((out / "grpo" / "evals.json").read_text())
@@ -108,7 +124,11 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         history,
         evals,
         out / "learning_curve.png",
-        baselines={"base": summaries["base"], "SFT (start)": summaries["sft"]},
+        baselines={
+            "base": summaries["base"],
+            f"SFT on the {who} (start)": summaries["sft"],
+            f"the {who} itself": summaries["demonstrator"],
+        },
     )
     gain = summaries["grpo"]["success_rate"] - summaries["sft"]["success_rate"]
     separated = summaries["grpo"]["success_low"] > summaries["sft"]["success_high"]
@@ -117,19 +137,24 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         "wall_time_s": round(time.perf_counter() - start, 1),
         "phase_s": timings,
         "sft_steps": sft_steps,
+        "demonstrator": who,
         "peak_memory_mb": round(peak_memory_mb(), 1),
         "summaries": summaries,
         "grpo_minus_sft_pp": round(100 * gain, 1),
+        "grpo_minus_demonstrator_pp": round(
+            100 * (summaries["grpo"]["success_rate"] - summaries["demonstrator"]["success_rate"]), 1
+        ),
         "intervals_separated": separated,
         "paired": {k: v.to_json() for k, v in paired.items()},
         "plot": str(plot),
     }
     (out / "demo.json").write_text(json.dumps(report, indent=1))
-    vs_sft = paired["grpo_vs_sft"]
+    vs_sft, vs_demo = paired["grpo_vs_sft"], paired["grpo_vs_demonstrator"]
     console.print(
-        f"GRPO vs its SFT start: {vs_sft.format_difference()} points, paired on the same tasks (only GRPO solved "
-        f"{vs_sft.only_a}, only SFT {vs_sft.only_b}; McNemar p = {format_p(vs_sft.p_value)}; Wilson intervals "
-        f"{'do not overlap' if separated else 'overlap'}); "
+        f"GRPO vs its SFT start (SFT on the {who}): {vs_sft.format_difference()} points, paired on the same tasks "
+        f"(only GRPO solved {vs_sft.only_a}, only SFT {vs_sft.only_b}; McNemar p = {format_p(vs_sft.p_value)}; "
+        f"Wilson intervals {'do not overlap' if separated else 'overlap'}); GRPO vs the {who} itself: "
+        f"{vs_demo.format_difference()} points (p = {format_p(vs_demo.p_value)}); "
         f"wall time {report['wall_time_s']:.0f}s, peak memory {report['peak_memory_mb']:.0f} MB; plot {plot}"
     )
     return report

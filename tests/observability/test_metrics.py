@@ -27,6 +27,10 @@ RECORD = {
     "episode/truncated": 0.0,
     "groups/dropped": 1.0,
     "groups/rare_best": 0.5,
+    "rollout/success_all": 0.3,
+    "rollout/reward_all": 0.2,
+    "train/effective_episodes": 6.0,
+    "train/optimizer_steps": 2.0,
     "train/loss": -0.01,
     "train/kl": 0.002,
     "train/entropy": 1.5,
@@ -86,6 +90,8 @@ def test_every_mapped_record_key_becomes_its_metric_with_run_label(config):
     assert got[("vlrl_total_steps", (run,))] == 10
     assert got[("vlrl_reward_mean", (run,))] == 0.25
     assert got[("vlrl_clip_fraction", (run,))] == 0.05
+    assert got[("vlrl_sampled_success_rate", (run,))] == 0.3 and got[("vlrl_sampled_reward_mean", (run,))] == 0.2
+    assert got[("vlrl_effective_episodes", (run,))] == 6 and got[("vlrl_optimizer_steps", (run,))] == 2
     assert got[("vlrl_rollout_logprob_diff", (run, ("stat", "max")))] == 0.2
     assert got[("vlrl_rollout_sampler_kl", (run,))] == 0.001
     assert got[("vlrl_phase_seconds", (("phase", "logprob"), run))] == 0.25

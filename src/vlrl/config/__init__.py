@@ -10,6 +10,7 @@ errors that name the key and the file, with a did-you-mean suggestion for typos.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,11 @@ def _explain(err: dict[str, Any], source: str, data: dict[str, Any]) -> str:
         return f"{source}: unknown key '{key}'{hint}"
     msg = err["msg"].removeprefix("Value error, ")
     value = err.get("input")
+    if err["type"] == "literal_error" and isinstance(value, str):
+        choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
+        close = closest(value, choices)
+        if close:
+            msg = f"{msg}; did you mean '{close}'?"
     if isinstance(value, dict):
         return f"{source}: {key}: {msg}"
     return f"{source}: {key} = {value!r}: {msg}"

@@ -186,6 +186,13 @@ class AlgoConfig(Section):
         "base with the `--init-adapter` warm start).",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of episodes.")
+    shuffle_advantages: bool = Field(
+        False,
+        description="Control arm (signal vs noise): permute the batch's advantages across its episodes before the "
+        "update, so each episode's update direction no longer follows its own reward. Seeded by train.seed and the "
+        "step (exact resumes stay exact). A run that learns as well with it on learned from the update's noise, not "
+        "from the reward.",
+    )
     mini_batch_size: int = Field(64, ge=1, description="Episodes per optimizer step.")
     micro_batch_size: int = Field(8, ge=1, description="Episodes per forward/backward (gradient accumulation).")
     preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] | None = Field(
@@ -219,6 +226,16 @@ class AlgoConfig(Section):
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         return apply_algo_preset(data)
+
+    @model_validator(mode="after")
+    def _shuffle_needs_episode_advantages(self) -> AlgoConfig:
+        if self.shuffle_advantages and self.step_advantage_weight > 0:
+            raise ValueError(
+                "shuffle_advantages permutes episode-level advantages; with step_advantage_weight > 0 (GiGPO) the "
+                "per-turn advantages would still follow each episode's own turns. Set step_advantage_weight=0 for the "
+                "control arm"
+            )
+        return self
 
 
 def apply_algo_preset(algo: Any) -> Any:

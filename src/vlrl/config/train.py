@@ -18,7 +18,15 @@ class SftConfig(Section):
         description="`lora`: train an adapter; `full`: train every weight and write a whole model (merged weights) "
         "that GRPO can start from.",
     )
-    episodes: int = Field(512, ge=1, description="Oracle transcripts generated for behaviour cloning.")
+    episodes: int = Field(512, ge=1, description="Demonstrator transcripts generated for behaviour cloning.")
+    demonstrator: Literal["oracle", "walker", "walker_random"] = Field(
+        "oracle",
+        description="Who plays the SFT transcripts: `oracle` (the env's perfect policy; the maze: BFS), or an "
+        "imperfect demonstrator, so that GRPO has something imitation cannot give: `walker` (the maze: a "
+        "depth-first walk with a goal-facing preferred branch and backtracking, deterministic; "
+        "src/vlrl/envs/maze/walker.py) or `walker_random` (the same with a per-episode seeded order). Recorded in "
+        "the lineage with its measured success on the SFT tasks.",
+    )
     epochs: int = Field(2, ge=1, description="Passes over the transcripts.")
     lr: float = Field(2e-3, gt=0, description="Learning rate of the SFT warm start.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(

@@ -153,6 +153,7 @@ class Env(ABC):
     config_class: ClassVar[type[EnvConfigBase] | None] = None  # set by `register_env`
     generator_version: ClassVar[str | None] = None  # recorded in the run's data lineage
     task_group_label: ClassVar[str] = "group"  # column title of per-group evaluation tables
+    demonstrators: ClassVar[tuple[str, ...]] = ()  # imperfect demonstrators for train.sft.demonstrator
 
     # -- one episode -----------------------------------------------------------------------
     @abstractmethod
@@ -178,6 +179,14 @@ class Env(ABC):
     def random_response(self, rng: random.Random) -> str:
         """A random response (SFT with `train.sft.noise > 0`); see `gives_random_responses`."""
         raise VlrlError(f"env '{self.name}' gives no random responses (a random_response(rng) method)")
+
+    def start_demonstrator(self, name: str, rng: random.Random) -> None:
+        """Start one of `demonstrators` on this episode (after reset); SFT checks the name before training."""
+        raise VlrlError(f"env '{self.name}' has no demonstrator '{name}' (only its oracle)")
+
+    def demonstrator_response(self) -> str:
+        """The started demonstrator's response now, in the env's response format."""
+        raise VlrlError(f"env '{self.name}' has no demonstrator (only its oracle)")
 
     @classmethod
     def gives_random_responses(cls) -> bool:

@@ -1,10 +1,13 @@
-"""SFT warm start: behaviour cloning of the environment's oracle, multi-turn, with LoRA.
+"""SFT warm start: behaviour cloning of a demonstrator, multi-turn, with LoRA or full weights.
 
-Transcripts are played by the oracle (`env.oracle_response()`) turn by turn on training tasks, for
-any env. With `train.sft.noise > 0` a share of turns takes a random response instead
+Transcripts are played by `train.sft.demonstrator` turn by turn on training tasks: the env's oracle
+(`env.oracle_response()`, any env), or an imperfect demonstrator of the env
+(`env.start_demonstrator(name, rng)` then `env.demonstrator_response()`; the maze's depth-first
+walkers, envs/maze/walker.py), whose success is measured and recorded in the lineage first.
+With `train.sft.noise > 0` a share of turns takes a random response instead
 (`env.random_response(rng)`; the maze: a random move), so transcripts also show how to recover
 from a mistake; those random turns carry no loss (the model must not clone them).
-The loss is the mean negative log-likelihood of the oracle's response tokens. With
+The loss is the mean negative log-likelihood of the demonstrator's response tokens. With
 `train.sft.target_loss` the warm start ends once the loss has come down that far: a random tiny
 model learns to see the maze in a sudden drop of the loss whose step varies with the batch order,
 so a loss target gives the same competence where a step count would not.
@@ -29,8 +32,9 @@ import torch
 
 from vlrl.algo.grpo import token_logprobs
 from vlrl.config import RunConfig
-from vlrl.envs.base import Task, build_split, env_class, make_env
+from vlrl.envs.base import Task, build_split, env_class, make_env, task_group, task_group_label
 from vlrl.errors import VlrlError
+from vlrl.eval.evaluate import EvalResult, episode_row
 from vlrl.models.output import check_output_dir
 from vlrl.models.qwen_vl_batched import FORWARD_KEYS, spatial_merge_size, with_position_ids
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
@@ -38,14 +42,34 @@ from vlrl.rollout.sequence import ChatFormat, MultimodalSequence, collate
 log = logging.getLogger(__name__)
 
 
+def demonstrator_rng(config: RunConfig, task: Task) -> random.Random:
+    """The rng of a stochastic demonstrator's episode: the same task and train.seed, the same walk."""
+    return random.Random(f"demonstrator/{config.train.seed}/{task.seed}")
+
+
+def start_episode(config: RunConfig, env, task: Task):
+    """Reset `env` on `task` and start train.sft.demonstrator on it; returns the first observation."""
+    obs = env.reset(task)
+    name = config.train.sft.demonstrator
+    if name != "oracle":
+        env.start_demonstrator(name, demonstrator_rng(config, task))
+    return obs
+
+
+def demonstrator_response(config: RunConfig, env) -> str:
+    """The response of train.sft.demonstrator at the env's current state."""
+    return env.oracle_response() if config.train.sft.demonstrator == "oracle" else env.demonstrator_response()
+
+
 def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: random.Random) -> MultimodalSequence:
-    """One oracle-played episode as a token sequence; oracle turns have loss mask 1."""
+    """One demonstrator-played episode (train.sft.demonstrator: the oracle by default) as a token
+    sequence; the demonstrator's turns have loss mask 1."""
     env = make_env(config.env)
-    seq = chat.prompt(env.system_prompt, env.reset(task))
+    seq = chat.prompt(env.system_prompt, start_episode(config, env, task))
     tok = chat.tokenizer
     for _ in range(config.env.max_turns):
         noisy = config.train.sft.noise > 0 and rng.random() < config.train.sft.noise
-        text = env.random_response(rng) if noisy else env.oracle_response()
+        text = env.random_response(rng) if noisy else demonstrator_response(config, env)
         ids = tok(text, add_special_tokens=False)["input_ids"] + [chat.eos_id]
         if noisy:
             seq.extend(MultimodalSequence(ids, [0] * len(ids), [0.0] * len(ids), [0] * len(ids)))
@@ -56,6 +80,80 @@ def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: rand
             break
         seq.extend(chat.observation_piece(result.observation, response_ended=True))
     return seq
+
+
+DEMONSTRATOR_CHECK_TASKS = 500  # tasks the demonstrator plays (without images) to measure its success
+
+
+def check_demonstrator_exists(config: RunConfig) -> None:
+    """One error line when the env has no demonstrator of train.sft.demonstrator's name."""
+    name = config.train.sft.demonstrator
+    has = env_class(config.env.name).demonstrators
+    if name != "oracle" and name not in has:
+        raise VlrlError(
+            f"train.sft.demonstrator = {name!r}: env '{config.env.name}' has "
+            + (f"only the oracle and {', '.join(has)}" if has else "no demonstrator but its oracle")
+            + "; set train.sft.demonstrator=oracle"
+        )
+
+
+def play_demonstrator(config: RunConfig, task: Task) -> dict[str, float]:
+    """One episode of train.sft.demonstrator on `task` (no images where the env can skip them); its metrics."""
+    cls = env_class(config.env.name)
+    try:
+        env = cls(config.env, render_images=False)
+    except TypeError:  # an env that always renders
+        env = make_env(config.env)
+    start_episode(config, env, task)
+    for _ in range(config.env.max_turns):
+        if env.step(demonstrator_response(config, env)).done:
+            break
+    return env.episode_metrics()
+
+
+def demonstrator_result(config: RunConfig, tasks: list[Task], label: str | None = None) -> EvalResult:
+    """train.sft.demonstrator's own episodes on `tasks`, as an evaluation result (decoding "greedy":
+    paired task by task with the models' greedy results)."""
+    name = config.train.sft.demonstrator
+    episodes = [episode_row(play_demonstrator(config, t), t) for t in tasks]
+    return EvalResult(label or name, "holdout", "greedy", episodes, meta={"demonstrator": name})
+
+
+def check_demonstrator(config: RunConfig, tasks: list[Task]) -> dict:
+    """Whether train.sft.demonstrator exists for the env, and its success on (up to 500 of) `tasks`.
+
+    An env without the demonstrator is one error line. A demonstrator that fails some tasks within
+    env.max_turns is no error (the walker is meant to be imperfect): a warning gives the share it
+    failed, per task group (the maze: per size), and SFT goes on imitating it, failures included.
+    Returns {"name", "tasks", "success_rate", "by_group"} for the lineage.
+    """
+    check_demonstrator_exists(config)
+    name = config.train.sft.demonstrator
+    by_group: dict[str, list[int]] = {}
+    for task in tasks[:DEMONSTRATOR_CHECK_TASKS]:
+        success = play_demonstrator(config, task)["success"] > 0
+        counts = by_group.setdefault(task_group(task), [0, 0])
+        counts[0] += int(success)
+        counts[1] += 1
+    for group, (ok, n) in sorted(by_group.items()):
+        if ok < n:
+            log.warning(
+                "train.sft.demonstrator %s fails %.1f%% of %d SFT tasks (%s %s) within env.max_turns=%d; SFT goes on "
+                "and imitates those episodes too",
+                name,
+                100 * (n - ok) / n,
+                n,
+                task_group_label(config.env.name),
+                group,
+                config.env.max_turns,
+            )
+    total = sum(n for _, n in by_group.values())
+    return {
+        "name": name,
+        "tasks": total,
+        "success_rate": sum(ok for ok, _ in by_group.values()) / max(1, total),
+        "by_group": {g: ok / n for g, (ok, n) in sorted(by_group.items())},
+    }
 
 
 def sft_loss(model, batch: dict[str, torch.Tensor], suppress: list[int]) -> torch.Tensor:
@@ -210,10 +308,12 @@ def run_sft(
             "(a random_response(rng) method); set train.sft.noise=0"
         )
     out_dir = check_output_dir(out_dir, config.model.path, overwrite)
+    demonstrator = check_demonstrator(config, sft_tasks(config))
     tracker = RunTracker.from_config(config)
-    tracker.start(config, out_dir, collect_lineage(config, out_dir, kind="sft", resumed=False))
+    lineage = collect_lineage(config, out_dir, kind="sft", resumed=False, extra={"demonstrator": demonstrator})
+    tracker.start(config, out_dir, lineage)
     try:
-        out = _train_sft(config, out_dir, progress)
+        out = _train_sft(config, out_dir, progress, demonstrator)
     except BaseException:
         tracker.end("FAILED")
         raise
@@ -221,7 +321,16 @@ def run_sft(
     return out
 
 
-def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, float], None] | None) -> Path:
+def sft_tasks(config: RunConfig) -> list[Task]:
+    """The SFT tasks: the END of the training split, so that GRPO (which starts at its shuffled
+    beginning) mostly sees tasks the warm start did not."""
+    split = build_split(config.env, "train")
+    return [split[len(split) - 1 - i] for i in range(min(config.train.sft.episodes, len(split)))]
+
+
+def _train_sft(
+    config: RunConfig, out_dir: Path, progress: Callable[[int, int, float], None] | None, demonstrator: dict
+) -> Path:
     from vlrl.models.fingerprint import model_fingerprint
     from vlrl.models.loading import vision_special_token_ids, worker_device
     from vlrl.models.lora import apply_lora, save_adapter
@@ -243,10 +352,7 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     )
 
     rng = random.Random(config.train.seed)
-    split = build_split(config.env, "train")
-    # SFT reads the END of the training split so that GRPO (which starts at its shuffled
-    # beginning) mostly sees tasks the warm start did not.
-    tasks = [split[len(split) - 1 - i] for i in range(min(s.episodes, len(split)))]
+    tasks = sft_tasks(config)
     batches = TranscriptBatches(config, chat, tasks, pad, spatial_merge_size(model))
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -294,8 +400,9 @@ def _train_sft(config: RunConfig, out_dir: Path, progress: Callable[[int, int, f
     model.to("cpu")
     fingerprint = model_fingerprint(model_dir)
     if s.mode == "full":
-        out = save_full_model(model, Path(model_dir), out_dir, fingerprint)
+        out = save_full_model(model, Path(model_dir), out_dir, fingerprint, record={"demonstrator": demonstrator})
     else:
         out = Path(save_adapter(model, out_dir, fingerprint))
+    (out / "sft_demonstrator.json").write_text(json.dumps(demonstrator))
     (out / "sft_history.json").write_text(json.dumps(history))
     return out

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -93,6 +94,23 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     out = {f"episode/{k}": float(sum(e.metrics.get(k, 0.0) for e in episodes) / len(episodes)) for k in keys}
     out.update({"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(episodes) > 1 else 0.0})
     return out
+
+
+def sampled_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Success and reward over every episode the step sampled, before dynamic sampling dropped any
+    group (`episode/success` and `reward/mean` describe the kept groups only)."""
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {
+        "rollout/success_all": sum(e.metrics.get("success", 0.0) for e in episodes) / n,
+        "rollout/reward_all": sum(e.reward for e in episodes) / n,
+        "rollout/episodes_all": float(n),
+    }
+
+
+def _as_list(advantage: float | list[float]) -> list[float]:
+    return advantage if isinstance(advantage, list) else [advantage]
 
 
 class GRPOTrainer(RecoveryMixin):
@@ -166,11 +184,14 @@ class GRPOTrainer(RecoveryMixin):
         self.close()
 
     # -- one step --------------------------------------------------------------------------
-    def collect(self, stats: RolloutStats) -> tuple[list[Episode], torch.Tensor, int]:
-        """Episodes of `tasks_per_step` tasks, with dynamic sampling when asked; returns dropped groups."""
+    def collect(self, stats: RolloutStats) -> tuple[list[Episode], torch.Tensor, int, list[Episode]]:
+        """Episodes of `tasks_per_step` tasks, with dynamic sampling when asked; returns the kept
+        episodes, their rewards [groups, G], the number of dropped groups, and every episode sampled
+        (the dropped groups' too: the honest picture of what the policy did)."""
         a = self.config.algo
         params = self.worker.sampling_params(seed=self.config.train.seed * 1_000_003 + self.step_idx * 101)
         kept: list[list[Episode]] = []
+        sampled: list[Episode] = []
         dropped = 0
         for round_ in range(1 + (a.max_resample_rounds if a.dynamic_sampling else 0)):
             need = a.tasks_per_step - len(kept)
@@ -178,6 +199,7 @@ class GRPOTrainer(RecoveryMixin):
                 break
             params.seed = None if params.seed is None else params.seed + round_ * 7919
             episodes = self.worker.rollout(self.sampler.next(need), a.group_size, params, stats)
+            sampled += episodes
             groups = [episodes[g * a.group_size : (g + 1) * a.group_size] for g in range(need)]
             if a.dynamic_sampling:
                 rewards = torch.tensor([[e.reward for e in g] for g in groups])
@@ -186,15 +208,23 @@ class GRPOTrainer(RecoveryMixin):
                 groups = [g for g, k in zip(groups, keep.tolist()) if k]
             kept += groups
         if not kept:
-            return [], torch.zeros(0), dropped
+            return [], torch.zeros(0), dropped, sampled
         rewards = torch.tensor([[e.reward for e in g] for g in kept])
-        return [e for g in kept for e in g], rewards, dropped
+        return [e for g in kept for e in g], rewards, dropped, sampled
+
+    def shuffled(self, adv: list[float]) -> list[float]:
+        """algo.shuffle_advantages (the control arm): the batch's episode advantages permuted across
+        its episodes. Seeded by train.seed and the step, so a
+        resumed run shuffles as the uninterrupted one did."""
+        order = list(range(len(adv)))
+        random.Random(f"shuffle/{self.config.train.seed}/{self.step_idx}").shuffle(order)
+        return [adv[i] for i in order]
 
     def step(self) -> StepMetrics:
         c, t0 = self.config, time.perf_counter()
         stats = RolloutStats()
         events: list[GuardEvent] = []
-        episodes, rewards, dropped = self.collect(stats)
+        episodes, rewards, dropped, sampled = self.collect(stats)
         t_rollout = time.perf_counter() - t0
         values: dict[str, float] = {
             "time/rollout_s": t_rollout,
@@ -202,14 +232,20 @@ class GRPOTrainer(RecoveryMixin):
             "time/env_s": stats.env_s,
         }
         values.update(episode_metrics(episodes))
+        values.update(sampled_metrics(sampled))
         values["groups/dropped"] = float(dropped)
         if episodes:
             if (share := rare_best_share(rewards)) is not None:
                 values["groups/rare_best"] = share
             scale = "std" if c.algo.advantage == "grpo" else "none"
             adv = group_advantages(rewards, scale=scale).flatten().tolist()
+            if c.algo.shuffle_advantages:  # episode-level only (the config refuses it with GiGPO)
+                adv = self.shuffled(adv)
             if c.algo.step_advantage_weight > 0:
                 adv, values["advantage/anchored_turns"] = self.per_turn_advantages(episodes, adv, scale)
+            # Episodes that carry any gradient (a nonzero advantage), and the optimizer steps taken on them.
+            values["train/effective_episodes"] = float(sum(1 for a in adv if any(x != 0 for x in _as_list(a))))
+            values["train/optimizer_steps"] = float(c.algo.ppo_epochs * -(-len(episodes) // c.algo.mini_batch_size))
             snapshot = self._pre_update_state() if wants_snapshot(c.train.guards) else None
             t1 = time.perf_counter()
             update = self.worker.update(episodes, adv, seed=c.train.seed + self.step_idx)

@@ -30,6 +30,7 @@ from the maze JSON and the raw responses alone; docs/maze.md documents both form
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
@@ -48,8 +49,10 @@ from vlrl.envs.maze.splits import (
     maze_split_version,
     train_overlap,
 )
+from vlrl.envs.maze.walker import DfsWalker
 from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.errors import VlrlError
+from vlrl.sections import did_you_mean
 
 TRACE_FORMAT = "vlrl.trace/1"
 
@@ -401,6 +404,24 @@ class MazeEnv(MazeEpisode):
         """`<action>X</action>` with the move towards the goal, or stop on it."""
         self._check_started("oracle_response")
         return f"<action>{next_action(self.maze, self.pos)}</action>"
+
+    # The imperfect demonstrators of train.sft.demonstrator (walker, walker_random): envs/maze/walker.py.
+    demonstrators = ("walker", "walker_random")
+    _walker: DfsWalker | None = None  # the started demonstrator of this episode
+
+    def start_demonstrator(self, name: str, rng: random.Random) -> None:
+        """Start demonstrator `name` on this episode (after reset); `rng` orders walker_random's moves."""
+        self._check_started("start_demonstrator")
+        if name not in self.demonstrators:
+            raise VlrlError(f"maze has no demonstrator '{name}'; {did_you_mean(name, self.demonstrators)}")
+        self._walker = DfsWalker.for_maze(self.maze, rng if name == "walker_random" else None)
+
+    def demonstrator_response(self) -> str:
+        """`<action>X</action>` with the demonstrator's move at the agent's position (start_demonstrator first)."""
+        walker = self._walker
+        if walker is None or walker.maze is not self.maze:
+            raise VlrlError("demonstrator_response() before start_demonstrator(name, rng) on this episode")
+        return f"<action>{walker.action(self.pos)}</action>"
 
 
 @register_env("maze_plan", config=MazeEnvConfig)

@@ -1,0 +1,95 @@
+"""An imperfect demonstrator beside the BFS oracle: a depth-first walker.
+
+The walker sees what the agent sees: the maze's layout and the goal (the image), its own position
+and the cells it has visited (the conversation so far). It does not compute distances. At the start
+it fixes an order of preferred directions: the moves towards the goal first (the larger offset
+first), then the moves away from it. At each turn it takes the first open move in that order into a
+cell it has not visited; at a dead end it backtracks one cell along the way it came; on the goal it
+says `stop` (or the episode has ended, when `env.stop_required` is false). A depth-first search with
+a preferred branch: it always finds the goal of a perfect maze, but often after the turn limit, as
+an explorer does, not a planner (measured: bench/results/2026-12-03-cpu-demo-demonstrator/README.md).
+
+Two kinds (`train.sft.demonstrator`):
+- `walker`: deterministic, the same maze gives the same walk (ties broken up, right, down, left);
+- `walker_random`: stochastic, the moves towards the goal and those away from it each in an order
+  drawn once per episode from an rng (the SFT seeds it per task and train.seed), then kept.
+"""
+
+from __future__ import annotations
+
+import random
+
+from vlrl.envs.maze.maze import Cell, Maze
+
+FIXED_ORDER = ("up", "right", "down", "left")
+
+
+class DfsWalker:
+    """Depth-first walk of one episode; `action(pos)` is the move at `pos` (the agent's real position)."""
+
+    def __init__(self, maze: Maze, order: tuple[str, ...] = FIXED_ORDER):
+        if sorted(order) != sorted(FIXED_ORDER):
+            raise ValueError(f"a walker's order must be the four moves once each, got {order}")
+        self.maze, self.order = maze, tuple(order)
+        self.visited: set[Cell] = {maze.start}
+        self.path: list[Cell] = [maze.start]  # the way from the start to here, without dead ends
+
+    @classmethod
+    def for_maze(cls, maze: Maze, rng: random.Random | None = None) -> DfsWalker:
+        """The walker of `maze`: goal-facing order (`preferred_order`), shuffled within its halves by `rng`."""
+        return cls(maze, preferred_order(maze, rng))
+
+    def action(self, pos: Cell) -> str:
+        """The walker's move at `pos`: `stop` on the goal, else forward to an unvisited cell, else back."""
+        if pos != self.path[-1]:  # the agent is elsewhere than the walk left it (a noisy turn): go on from there
+            self._arrive(pos)
+        if pos == self.maze.goal:
+            return "stop"
+        for move in self.order:
+            nxt = self.maze.move(pos, move)
+            if nxt is not None and nxt not in self.visited:
+                self._arrive(nxt)
+                return move
+        if len(self.path) < 2:  # everything reachable was visited (cannot happen in a connected maze)
+            return "stop"
+        self.path.pop()
+        back = self.path[-1]
+        return next(m for m in self.order if self.maze.move(pos, m) == back)
+
+    def _arrive(self, cell: Cell) -> None:
+        if cell in self.path:
+            del self.path[self.path.index(cell) + 1 :]
+        else:
+            self.path.append(cell)
+        self.visited.add(cell)
+
+
+def preferred_order(maze: Maze, rng: random.Random | None = None) -> tuple[str, ...]:
+    """The four moves, those towards the goal (seen from the start) before those away from it.
+
+    Without `rng`: within each half by the size of the offset (larger first), ties in FIXED_ORDER.
+    With `rng`: each half in a random order (the walker_random demonstrator)."""
+    dr, dc = maze.goal[0] - maze.start[0], maze.goal[1] - maze.start[1]
+    gain = {"up": -dr, "down": dr, "left": -dc, "right": dc}
+    towards = [m for m in FIXED_ORDER if gain[m] > 0]
+    away = [m for m in FIXED_ORDER if gain[m] <= 0]
+    if rng is None:
+        towards.sort(key=lambda m: -gain[m])
+        away.sort(key=lambda m: -gain[m])
+    else:
+        rng.shuffle(towards)
+        rng.shuffle(away)
+    return (*towards, *away)
+
+
+def walk(maze: Maze, max_turns: int, rng: random.Random | None = None, stop_required: bool = False) -> bool:
+    """Whether the walker reaches the goal within `max_turns` turns (`stop` counted when required)."""
+    walker, pos = DfsWalker.for_maze(maze, rng), maze.start
+    for _ in range(max_turns):
+        move = walker.action(pos)
+        if move == "stop":
+            return True
+        pos = maze.move(pos, move)
+        if pos == maze.goal and not stop_required:
+            return True
+    return False

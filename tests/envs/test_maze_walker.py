@@ -1,0 +1,82 @@
+"""The depth-first walker, the maze's imperfect demonstrator (train.sft.demonstrator)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vlrl.config import load_config
+from vlrl.envs.base import Task, build_split, make_env
+from vlrl.envs.maze.oracle import distances_to
+from vlrl.envs.maze.splits import maze_for_task
+from vlrl.envs.maze.walker import DfsWalker, preferred_order, walk
+from vlrl.errors import VlrlError
+
+
+def _tasks(path: str, overrides: list[str], n: int) -> tuple[list[Task], object]:
+    env = load_config(path, overrides).env
+    split = build_split(env, "holdout")
+    return [split[i] for i in range(n)], env
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_the_walker_finds_every_goal_given_the_turns_and_never_bumps(stochastic):
+    tasks, _ = _tasks("configs/gpu-maze9.yaml", [], 60)
+    for task in tasks:
+        maze = maze_for_task(task)
+        walker = DfsWalker.for_maze(maze, random.Random(task.seed) if stochastic else None)
+        pos, turns = maze.start, 0
+        while (move := walker.action(pos)) != "stop":
+            nxt = maze.move(pos, move)
+            assert nxt is not None, f"the walker walked into a wall at {pos}"
+            pos, turns = nxt, turns + 1
+        # a depth-first walk of a perfect maze: at the goal, in at most two moves per free square
+        assert pos == maze.goal and turns <= 2 * len(maze.free_squares())
+        assert turns >= distances_to(maze, maze.goal)[maze.start[0]][maze.start[1]]
+
+
+def test_the_walker_is_deterministic_and_walker_random_varies_with_its_rng():
+    tasks, env = _tasks("configs/gpu-maze9.yaml", [], 40)
+    mazes = [maze_for_task(t) for t in tasks]
+    assert all(preferred_order(m) == preferred_order(m) for m in mazes)
+    orders = {preferred_order(mazes[0], random.Random(s)) for s in range(20)}
+    assert len(orders) > 1
+    assert all(set(o) == {"up", "down", "left", "right"} for o in orders)
+    # the two moves towards the goal come first (corners placement: the goal is diagonally opposite)
+    m = mazes[0]
+    dr, dc = m.goal[0] - m.start[0], m.goal[1] - m.start[1]
+    towards = {"down" if dr > 0 else "up", "right" if dc > 0 else "left"}
+    assert set(preferred_order(m)[:2]) == towards
+
+
+def test_the_walker_solves_about_half_the_reference_mazes_in_18_turns():
+    """Measured on 500 holdout mazes (README of bench/results/2026-12-03-cpu-demo-demonstrator): walker
+    47.8%, walker_random 43.8%, the oracle 93.8%. Here 200 of them, with a margin."""
+    tasks, env = _tasks("configs/gpu-maze9.yaml", [], 200)
+    rate = sum(walk(maze_for_task(t), env.max_turns, None, env.stop_required) for t in tasks) / len(tasks)
+    assert 0.38 <= rate <= 0.58, rate
+
+
+def test_the_env_plays_its_demonstrator_and_refuses_unknown_names():
+    tasks, env_config = _tasks("configs/demo-cpu.yaml", [], 3)
+    env = make_env(env_config)
+    with pytest.raises(VlrlError, match="before reset"):
+        env.start_demonstrator("walker", random.Random(0))
+    env.reset(tasks[0])
+    with pytest.raises(VlrlError, match="before start_demonstrator"):
+        env.demonstrator_response()
+    with pytest.raises(VlrlError, match="did you mean 'walker'"):
+        env.start_demonstrator("walkr", random.Random(0))
+    env.start_demonstrator("walker", random.Random(0))
+    maze = maze_for_task(tasks[0])
+    expected = DfsWalker.for_maze(maze)
+    pos = maze.start
+    for _ in range(env_config.max_turns):
+        response = env.demonstrator_response()
+        move = expected.action(pos)
+        assert response == f"<action>{move}</action>"
+        result = env.step(response)
+        if result.done:
+            break
+        pos = maze.move(pos, move)
