@@ -5,14 +5,8 @@ Two layouts: `cells` (thin wall lines) and `blocks` (walls are whole blocks, the
 Importing this package registers the `maze`, `maze_plan` and `maze_look` environments. See docs/maze.md.
 """
 
-from vlrl.envs.maze.env import (
-    PROMPT_TEXTS,
-    MazeEnv,
-    MazeLookEnv,
-    MazePlanEnv,
-    parse_action,
-    parse_plan,
-)
+from vlrl.envs.maze.drills import MazeLookEnv, MazePlanEnv
+from vlrl.envs.maze.env import PROMPT_TEXTS, MazeEnv, parse_action, parse_plan
 from vlrl.envs.maze.generate import generate_maze
 from vlrl.envs.maze.maze import LAYOUTS, Maze, check_perfect
 from vlrl.envs.maze.oracle import distances_to, next_action, optimal_actions, shortest_path
