@@ -79,7 +79,7 @@ def rare_best_share(rewards: torch.Tensor) -> float | None:
     It tells where a step's signal comes from. With a success reward, a group where most episodes
     lost and a few won is exploration finding what the policy mostly misses; one where most won and
     a few lost is mostly the policy's own random mistakes, which a near-deterministic policy's
-    greedy choice does not make (bench/RESULTS.md, the reference task's seventh session).
+    greedy choice does not make (bench/results/2026-12-03-h200-maze9-focus/).
     """
     grouped = _as_groups(rewards, None)
     with_signal = grouped[informative_groups(grouped)]
