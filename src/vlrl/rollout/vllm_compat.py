@@ -112,6 +112,76 @@ def copy_weights_in_place(worker: Any, weights: list[tuple[str, torch.Tensor]]) 
     return []
 
 
+# -- merged-weight rollouts (rollout.lora_mode=merged) -------------------------------------------
+def engine_in_process(llm: Any) -> bool:
+    """True when vLLM's engine core (and so its model) lives in this process.
+
+    `LLMEngine.model_executor` is set only then ("for v0 compatibility", 0.24 through 0.32); then
+    `collective_rpc` calls our function on the worker object directly, so tensors we pass (GPU ones
+    included) are handed over by reference, never serialised.
+    """
+    return getattr(getattr(llm, "llm_engine", None), "model_executor", None) is not None
+
+
+def weights_load_path(worker: Any) -> str:
+    """Worker side: how merged checkpoint tensors can enter this served model.
+
+    `direct`: the linear layers keep their checkpoint layout (GPU, unquantized): the model's own
+    `load_weights(iterable of (hf_name, tensor))` maps the names (q/k/v -> qkv_proj, gate/up ->
+    gate_up_proj, the HF-to-vLLM prefix mapper) and copies each tensor into the existing
+    parameter in place, so CUDA graphs keep pointing at the same storage and GPU tensors never
+    leave the GPU. `reload`: the backend has repacked the weights after loading (the CPU build
+    hands linear layers to oneDNN and empties `weight`, marking them with `cpu_linear`): only the
+    worker's `reload_weights`, which re-runs each touched layer's post-processing, reaches them.
+    """
+    model = worker.model_runner.model
+    repacked = any(hasattr(m, "cpu_linear") for m in model.modules()) or any(p.numel() == 0 for p in model.parameters())
+    return "reload" if repacked else "direct"
+
+
+def packed_modules(worker: Any) -> dict[str, list[str]]:
+    """Worker side: the served model's fused modules and their checkpoint parts
+    (`{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}`; empty where the model declares none)."""
+    mapping = getattr(worker.model_runner.model, "packed_modules_mapping", None) or {}
+    return {str(k): [str(v) for v in vs] for k, vs in dict(mapping).items()}
+
+
+def load_weights_direct(worker: Any, weights: Any) -> int:
+    """Worker side: `model.load_weights(weights)` in place (see `weights_load_path`); returns how
+    many parameters it reports as loaded. `weights` may be a generator, consumed once."""
+    model = worker.model_runner.model
+    try:
+        from vllm.config import set_current_vllm_config
+    except ImportError:  # pragma: no cover - every supported vLLM has it
+        set_current_vllm_config = None
+    config = getattr(worker, "vllm_config", None)
+    with torch.no_grad():
+        if set_current_vllm_config is not None and config is not None:
+            with set_current_vllm_config(config):
+                loaded = model.load_weights(weights)
+        else:
+            loaded = model.load_weights(weights)
+    return len(loaded) if loaded is not None else -1
+
+
+def load_merged_weights(llm: Any, weights: Any, path: str) -> None:
+    """Put merged checkpoint tensors into the served model by `path` (`weights_load_path`), then
+    empty the encoder and prefix caches (their entries were computed with the old weights)."""
+    if path == "direct":
+        llm.collective_rpc(load_weights_direct, args=(weights,))
+    else:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    llm.llm_engine.reset_encoder_cache()
+    llm.reset_prefix_cache()
+
+
+def served_weight(worker: Any, name: str) -> torch.Tensor | None:
+    """Worker side, for tests and checks: a CPU copy of the served parameter `name` (vLLM's own
+    names, e.g. `language_model.model.layers.0.self_attn.qkv_proj.weight`), or None."""
+    param = dict(worker.model_runner.model.named_parameters()).get(name)
+    return None if param is None else param.detach().to("cpu", copy=True)
+
+
 # -- in-memory LoRA loading (worker side) ------------------------------------------------------
 def _rename_mapper(model: Any) -> Any:
     """What this vLLM's `from_lora_tensors` takes as `weights_mapper` for `model`.

@@ -29,6 +29,12 @@ Same contract as `TransformersEngine` (see `rollout/engine.py`):
 - **Vision-tower LoRA.** vLLM ignores adapter tensors on the vision tower (vllm-project/vllm#32541),
   so it would sample from another policy than the one trained. The engine sends vLLM only the
   language-model half and merges the vision half into the served vision weights itself.
+- **Merged-weight rollouts** (`lora_mode="merged"`, `rollout.lora_mode`): vLLM starts without
+  LoRA and each sync writes W = W0 + scale * B @ A into vLLM's own weight tensors, computed in
+  fp32 from an untouched base W0 (the policy's frozen `base_layer` weights on the same device, or
+  a pristine copy of the LoRA-targeted checkpoint tensors the engine keeps) and rounded once.
+  Language and vision LoRA go the same way. `vllm_compat` says how the tensors get in (`direct`
+  `model.load_weights` in place on GPU, `reload_weights` where the CPU build repacked them).
 - **Colocation.** On GPUs the engine is built with sleep mode: `sleep()` (level 1) moves the
   weights to CPU memory and drops the KV cache while the policy trains; `wake_up()` restores
   them. The base weights never change (only the adapter does), so they are never re-sent. On CPU
@@ -155,6 +161,8 @@ class VLLMEngine(RolloutEngine):
         use_gpu: bool = False,
         seed: int = 0,
         adapter_transport: str = "memory",
+        lora_mode: str = "adapter",
+        base_source: Any = None,
         extra_args: dict[str, Any] | None = None,
     ):
         try:
@@ -166,6 +174,19 @@ class VLLMEngine(RolloutEngine):
             ) from exc
         if adapter_transport not in ("memory", "disk"):
             raise VlrlError(f"adapter_transport must be 'memory' or 'disk', got {adapter_transport!r}")
+        if lora_mode not in ("adapter", "merged"):
+            raise VlrlError(f"lora_mode must be 'adapter' or 'merged', got {lora_mode!r}")
+        if lora_mode == "merged" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+            raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
+        self.lora_mode = lora_mode
+        # names -> iterator of (checkpoint name, W0) in that order; None: the engine's own pristine copy
+        self.base_source = base_source
+        self._merge_names: list[str] | None = None  # checkpoint tensors rewritten per sync (merged mode)
+        self._lora_names: set[str] = set()
+        self._base_shapes: dict[str, tuple[int, ...]] = {}  # of W0, seen at the first merge
+        self._pristine: dict[str, torch.Tensor] | None = None
+        self.merge_path = ""  # merged mode: direct | reload (vllm_compat.weights_load_path)
+        self.served_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else None
         self.tokenizer = tokenizer
         self.eos_id = eos_token_id
         self.use_gpu = use_gpu
@@ -187,16 +208,19 @@ class VLLMEngine(RolloutEngine):
             dtype=dtype,
             max_model_len=max_model_len,
             seed=seed,
-            enable_lora=True,
-            max_lora_rank=vllm_max_lora_rank(int(self.lora_config["r"])),
-            max_loras=1,
-            max_cpu_loras=1,
             limit_mm_per_prompt={"image": max(1, max_images), "video": 0},
             max_num_seqs=max_num_seqs,
             generation_config="vllm",
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
         )
+        if lora_mode == "adapter":
+            kwargs.update(
+                enable_lora=True,
+                max_lora_rank=vllm_max_lora_rank(int(self.lora_config["r"])),
+                max_loras=1,
+                max_cpu_loras=1,
+            )
         if use_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         else:
@@ -214,15 +238,19 @@ class VLLMEngine(RolloutEngine):
         self.model_dir = str(model_dir)
         self._vision_base: dict[str, torch.Tensor] | None = None  # base weights under the vision LoRA
         self.vision_load = ""  # how merged vision weights went in: copy | reload (vllm_compat.load_vision_weights)
-        self.adapter_transport = adapter_transport
-        if adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
+        self.adapter_transport = adapter_transport if lora_mode == "adapter" else "merged"
+        if lora_mode == "merged":
+            if not compat.engine_in_process(self.llm):
+                self.close()
+                raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
+        elif adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
             self._fall_back_to_files("this vLLM has no hook for in-memory LoRA loading")
         log.info(
-            "vLLM %s engine up in %.1f s (%s, adapters by %s)",
+            "vLLM %s engine up in %.1f s (%s, %s)",
             vllm.__version__,
             self.startup_s,
             "GPU" if use_gpu else "CPU",
-            self.adapter_transport,
+            "LoRA merged into the weights" if lora_mode == "merged" else f"adapters by {self.adapter_transport}",
         )
 
     def _check_bad_words(self) -> None:
@@ -249,6 +277,17 @@ class VLLMEngine(RolloutEngine):
         """
         start = time.perf_counter()
         self.wake_up()  # a sleeping engine's weights and LoRA slots are not in GPU memory
+        if self.lora_mode == "merged":
+            self._merge_and_load(state, version)
+            self._version = version
+            if self.use_gpu:
+                torch.cuda.synchronize()  # the time is the sync's, not the next generate's
+            elapsed = time.perf_counter() - start
+            self.sync_times.append(elapsed)
+            log.info(
+                "vLLM weights v%d merged (%s, %d tensors) in %.3f s", version, self.merge_path, len(state), elapsed
+            )
+            return elapsed
         language, vision = vision_merge.split_adapter_state(state)
         if vision or self._vision_base is not None:
             # First: a weight reload drops vLLM's loaded adapters (0.32), so the LoRA comes after.
@@ -316,6 +355,68 @@ class VLLMEngine(RolloutEngine):
         where = compat.adapter_scratch_dir() or tempfile.gettempdir()
         log.warning("%s; adapters now go through files in %s, a fresh id per version (transport: disk)", why, where)
         self.adapter_transport = "disk"
+
+    # -- merged mode ------------------------------------------------------------------------
+    def _merge_and_load(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """W = W0 + scale * B @ A for every LoRA-targeted weight (language and vision), computed in
+        fp32 from the untouched base and rounded once to the served dtype, written into vLLM's
+        weights in place. Everything is checked before the first tensor is written, so an adapter
+        that does not fit leaves the served weights as they were."""
+        pairs = vision_merge.lora_pairs(state)
+        if self._merge_names is None:
+            self.merge_path = self.llm.collective_rpc(compat.weights_load_path)[0]
+            names = set(pairs)
+            if self.merge_path == "reload":
+                # A layer-wise reload must see every part of a fused module (q, k and v of qkv_proj):
+                # the parts without LoRA go in unchanged, from the same base.
+                names |= _fused_siblings(names, self.llm.collective_rpc(compat.packed_modules)[0])
+            self._merge_names = sorted(names)
+            self._lora_names = set(pairs)
+        elif set(pairs) != self._lora_names:
+            raise VlrlError(f"adapter version {version} has LoRA on other modules than the previous one")
+        for name, (a, b) in pairs.items():
+            shape = self._base_shapes.get(name)
+            if a.ndim != 2 or b.ndim != 2 or b.shape[1] != a.shape[0] or (shape and shape != (b.shape[0], a.shape[1])):
+                raise VlrlError(
+                    f"adapter version {version}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} of {name} "
+                    f"do not fit the base weight {shape or ''}"
+                )
+        scale = vision_merge.lora_scale(self.lora_config)
+        dtype = self.served_dtype
+
+        def merged():
+            for name, base in self._base_weights(self._merge_names):
+                self._base_shapes[name] = tuple(base.shape)
+                pair = pairs.get(name)
+                if pair is None:
+                    yield name, base.to(dtype or base.dtype)
+                else:
+                    yield name, vision_merge.merge_lora(base, pair[0], pair[1], scale, name, dtype)
+
+        weights = merged()
+        if self.merge_path == "reload":
+            weights = list(weights)  # a reload may look at the names first
+        try:
+            compat.load_merged_weights(self.llm, weights, self.merge_path)
+        except VlrlError:
+            raise
+        except Exception as exc:
+            raise VlrlError(
+                f"this vLLM could not take the merged weights of adapter version {version} in place "
+                f"({_first_line(exc)}); use rollout.lora_mode=adapter"
+            ) from exc
+
+    def _base_weights(self, names: list[str]):
+        """(checkpoint name, W0) in `names`' order: from `base_source` (the policy's frozen
+        weights), else from the pristine copy read once from the checkpoint onto the engine's device."""
+        if self.base_source is not None:
+            yield from self.base_source(names)
+            return
+        if self._pristine is None:
+            device = f"cuda:{torch.cuda.current_device()}" if self.use_gpu else "cpu"
+            self._pristine = vision_merge.read_checkpoint_tensors(self.model_dir, set(names), device)
+        for name in names:
+            yield name, self._pristine[name]
 
     def _load_vision(self, vision: dict[str, torch.Tensor], version: int) -> None:
         """Merge the adapter's vision-tower LoRA into the served vision weights (see vllm_compat)."""
@@ -467,6 +568,25 @@ _NOISY_LOGGERS = (
     "vllm.platforms.interface",
     "vllm.config.vllm",
 )
+
+
+_MERGED_NEEDS_IN_PROCESS = (
+    "rollout.lora_mode=merged writes the weights into vLLM's model in place, which needs vLLM's engine core in "
+    "this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); with this engine use rollout.lora_mode=adapter"
+)
+
+
+def _fused_siblings(names: set[str], packed: dict[str, list[str]]) -> set[str]:
+    """Checkpoint names of the other parts of each fused module one of `names` belongs to
+    (`...q_proj.weight` -> `...k_proj.weight`, `...v_proj.weight` with `{"qkv_proj": [q, k, v]}`)."""
+    out: set[str] = set()
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        parent, _, part = module.rpartition(".")
+        for parts in packed.values():
+            if part in parts:
+                out |= {f"{parent}.{p}.{leaf}" for p in parts if p != part}
+    return out - names
 
 
 def _first_line(exc: BaseException) -> str:
