@@ -33,6 +33,7 @@ from vlrl.rollout.engine import RolloutEngine, SamplingParams
 from vlrl.rollout.episodes import Episode, RolloutStats, run_episodes
 from vlrl.rollout.factory import resolve_engine_name, sampling_params
 from vlrl.rollout.hf_engine import TransformersEngine
+from vlrl.rollout.lora_mode import resolve_lora_mode
 from vlrl.rollout.sequence import ChatFormat
 from vlrl.runtime import distributed
 from vlrl.runtime.update_plan import UpdatePlan, UpdateStats
@@ -158,6 +159,7 @@ class Worker:
 
     def _make_engine(self) -> RolloutEngine:
         name = resolve_engine_name(self.config.rollout.engine)
+        lora_mode = resolve_lora_mode(self.config.rollout.lora_mode, name, self.config.runtime.use_gpu)
         if name == "vllm":
             # vLLM holds its own copy of the base weights and never shares the policy's module: it
             # starts from the policy's adapter (fresh, or the warm start) and every sync sends the
@@ -184,8 +186,10 @@ class Worker:
                 gpu_memory_utilization=memory_share,
                 use_gpu=c.runtime.use_gpu,
                 seed=c.train.seed,
+                lora_mode=lora_mode,
+                base_source=self._policy_base_weights if c.rollout.merged_base == "policy" else None,
             )
-            engine.update_adapter(distributed.gather_adapter_state(self.model), 0)
+            engine.update_adapter(self._engine_adapter_state(engine), 0)
             return engine
         shares = self.world_size == 1
         model = self.model
@@ -247,11 +251,49 @@ class Worker:
         return distributed.gather_adapter_state(self.model)
 
     def sync_adapter(self, version: int) -> float:
-        """Hand the engine the adapter just trained; returns the seconds it took (gather + load)."""
+        """Hand the engine the adapter just trained; returns the seconds it took (gather + load).
+
+        An engine that merges the adapter into its weights (vLLM, `rollout.lora_mode=merged`) gets
+        the LoRA tensors where they are (the policy's device, all-gathered there on a group) and
+        the policy's frozen base weights as W0 (`_policy_base_weights`): nothing goes through host
+        memory on the colocated path.
+        """
         start = time.perf_counter()
-        state = {} if getattr(self.engine, "shares_policy", False) else self.adapter_state()
+        state = {} if getattr(self.engine, "shares_policy", False) else self._engine_adapter_state(self.engine)
         self.engine.update_adapter(state, version)
         return time.perf_counter() - start
+
+    def _engine_adapter_state(self, engine: Any) -> dict[str, torch.Tensor]:
+        """The full adapter for `engine`: on the policy's device for a merging engine, else CPU copies."""
+        if getattr(engine, "lora_mode", "adapter") != "merged":
+            return self.adapter_state()
+        from peft import get_peft_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        state = get_peft_model_state_dict(self.model)  # the same keys and order on every worker
+        # Live tensors, used before the next optimizer step; a sharded one is all-gathered on its device.
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in state.items()}
+
+    def _policy_base_weights(self, names: list[str]):
+        """(checkpoint name, W0) for `names`, in that order, from the policy's frozen base weights
+        (PEFT's `base_layer.weight` under a LoRA layer, the plain weight elsewhere): on one worker
+        the tensors themselves, no copy; on a group each is all-gathered (`full_tensor`) when the
+        engine reaches it, so every worker must ask for the same names in the same order (the
+        adapter's names are the same everywhere) and only one full weight is alive at a time."""
+        from torch.distributed.tensor import DTensor
+
+        if getattr(self, "_base_params", None) is None:
+            params: dict[str, torch.nn.Parameter] = {}
+            for pname, param in self.model.named_parameters():
+                clean = pname.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+                clean = clean.removeprefix("base_model.model.")
+                params[clean.replace(".base_layer.", ".")] = param
+            self._base_params = params
+        for name in names:
+            param = self._base_params.get(name)
+            if param is None:
+                raise VlrlError(f"the policy has no base weight {name}; cannot merge its LoRA for the rollout engine")
+            yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 
     def sync_info(self) -> dict[str, float]:
         """How adapters reach this worker's engine, as step-record values (empty when it shares the policy)."""
@@ -261,6 +303,7 @@ class Worker:
         return {
             "sync/transport_memory": float(transport == "memory"),
             "sync/transport_disk": float(transport == "disk"),
+            "sync/lora_merged": float(getattr(self.engine, "lora_mode", "") == "merged"),
         }
 
     def save_adapter(self, out_dir: str | os.PathLike) -> Path:
