@@ -5,7 +5,8 @@ vLLM (0.24 through at least 0.32) ignores adapter tensors on the vision tower wi
 another policy than the one trained and evaluated. Two ways around it, both exact:
 
 - the rollout engine merges the vision half into its served weights after every sync
-  (`rollout/vllm_engine.py`, `merged_vision_weights`);
+  (`rollout/vllm_engine.py`, `merged_vision_weights`); with `rollout.lora_mode=merged` it merges
+  the whole adapter, language model included, the same way (`lora_pairs`, `merge_lora`);
 - for serving, `vlrl model merge-vision` writes a new base (the old one with the adapter's vision
   half merged: W + scale * B @ A) and the language-model half as an adapter of that base, with
   the new base's fingerprint, so `vlrl serve` checks it like any other adapter

