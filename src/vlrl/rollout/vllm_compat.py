@@ -142,8 +142,13 @@ def weights_load_path(worker: Any) -> str:
     worker's `reload_weights`, which re-runs each touched layer's post-processing, reaches them.
     """
     model = worker.model_runner.model
-    repacked = any(hasattr(m, "cpu_linear") for m in model.modules()) or any(p.numel() == 0 for p in model.parameters())
-    return "reload" if repacked else "direct"
+    for module in model.modules():
+        if hasattr(module, "cpu_linear"):
+            return "reload"
+        weight = getattr(module, "weight", None)  # a vLLM linear layer (it has a quant_method) emptied after loading
+        if hasattr(module, "quant_method") and isinstance(weight, torch.Tensor) and weight.numel() == 0:
+            return "reload"
+    return "direct"
 
 
 def packed_modules(worker: Any) -> dict[str, list[str]]:
