@@ -282,3 +282,24 @@ def test_a_worker_with_merged_vllm_trains_and_reports_the_gap(vllm_module, ci_co
         assert gap < LOGPROB_TOL, gap
     finally:
         worker.close()
+
+
+@pytest.mark.vllm
+def test_the_direct_in_place_path_writes_checkpoint_names_into_the_served_tensor(copy_engine):
+    """The GPU way in (`vllm_compat.load_weights_direct`: the model's own `load_weights` in place,
+    tensors passed by reference through an in-process `collective_rpc`, from a generator). The CPU
+    build repacks linear layers, so it is exercised here on a weight it keeps as it is (the final
+    norm): written under its checkpoint name, read back under vLLM's, then restored."""
+    from vlrl.rollout import vllm_compat
+
+    llm = copy_engine.llm
+    assert vllm_compat.engine_in_process(llm)
+    served = "language_model.model.norm.weight"
+    before = llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0]
+    assert before is not None and before.numel() > 0
+    new = torch.randn(before.shape, generator=torch.Generator().manual_seed(0)).to(before.dtype)
+    weights = (item for item in [("model.language_model.norm.weight", new)])
+    assert llm.collective_rpc(vllm_compat.load_weights_direct, args=(weights,))[0] >= 1
+    assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], new)
+    llm.collective_rpc(vllm_compat.load_weights_direct, args=([("model.language_model.norm.weight", before)],))
+    assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], before)
