@@ -176,7 +176,7 @@ class VLLMEngine(RolloutEngine):
             raise VlrlError(f"adapter_transport must be 'memory' or 'disk', got {adapter_transport!r}")
         if lora_mode not in ("adapter", "merged"):
             raise VlrlError(f"lora_mode must be 'adapter' or 'merged', got {lora_mode!r}")
-        if lora_mode == "merged" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+        if lora_mode == "merged" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip() != "0":
             raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
         self.lora_mode = lora_mode
         # names -> iterator of (checkpoint name, W0) in that order; None: the engine's own pristine copy
