@@ -239,6 +239,10 @@ class VLLMEngine(RolloutEngine):
         self._vision_base: dict[str, torch.Tensor] | None = None  # base weights under the vision LoRA
         self.vision_load = ""  # how merged vision weights went in: copy | reload (vllm_compat.load_vision_weights)
         self.adapter_transport = adapter_transport if lora_mode == "adapter" else "merged"
+        # Merged mode: a fresh prefix-cache salt per weight version instead of a reset (vllm_compat).
+        self._salt_prompts = lora_mode == "merged" and compat.prompts_take_cache_salt()
+        self._cache_salt: str | None = None
+        self._merges = 0
         if lora_mode == "merged":
             if not compat.engine_in_process(self.llm):
                 self.close()
@@ -397,7 +401,7 @@ class VLLMEngine(RolloutEngine):
         if self.merge_path == "reload":
             weights = list(weights)  # a reload may look at the names first
         try:
-            compat.load_merged_weights(self.llm, weights, self.merge_path)
+            compat.load_merged_weights(self.llm, weights, self.merge_path, reset_prefix_cache=not self._salt_prompts)
         except VlrlError:
             raise
         except Exception as exc:
@@ -405,6 +409,9 @@ class VLLMEngine(RolloutEngine):
                 f"this vLLM could not take the merged weights of adapter version {version} in place "
                 f"({_first_line(exc)}); use rollout.lora_mode=adapter"
             ) from exc
+        self._merges += 1
+        if self._salt_prompts:  # KV blocks of earlier weights can no longer be matched
+            self._cache_salt = f"vlrl-weights-{self._merges}"
 
     def _base_weights(self, names: list[str]):
         """(checkpoint name, W0) in `names`' order: from `base_source` (the policy's frozen
@@ -462,6 +469,8 @@ class VLLMEngine(RolloutEngine):
             if runs != len(prompt.images):
                 raise VlrlError(f"prompt {index} has {runs} image placeholder runs but {len(prompt.images)} images")
             request: dict[str, Any] = {"prompt_token_ids": ids}
+            if self._cache_salt is not None:
+                request["cache_salt"] = self._cache_salt
             if prompt.images:
                 request["multi_modal_data"] = {"image": list(prompt.images)}
             requests.append(request)
