@@ -5,7 +5,8 @@ vLLM (0.24 through at least 0.32) ignores adapter tensors on the vision tower wi
 another policy than the one trained and evaluated. Two ways around it, both exact:
 
 - the rollout engine merges the vision half into its served weights after every sync
-  (`rollout/vllm_engine.py`, `merged_vision_weights`);
+  (`rollout/vllm_engine.py`, `merged_vision_weights`); with `rollout.lora_mode=merged` it merges
+  the whole adapter, language model included, the same way (`lora_pairs`, `merge_lora`);
 - for serving, `vlrl model merge-vision` writes a new base (the old one with the adapter's vision
   half merged: W + scale * B @ A) and the language-model half as an adapter of that base, with
   the new base's fingerprint, so `vlrl serve` checks it like any other adapter
@@ -41,17 +42,18 @@ def split_adapter_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     return language, vision
 
 
-def vision_lora_pairs(vision_state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{checkpoint weight name: (lora_A, lora_B)} of the vision half of an adapter.
+def lora_pairs(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{checkpoint weight name: (lora_A, lora_B)} of a PEFT adapter state dict (any module).
 
     `base_model.model.model.visual.blocks.0.attn.qkv.lora_A.weight` belongs to the checkpoint
-    tensor `model.visual.blocks.0.attn.qkv.weight`.
+    tensor `model.visual.blocks.0.attn.qkv.weight`, `...language_model.layers.0.self_attn.q_proj.lora_B.weight`
+    to `model.language_model.layers.0.self_attn.q_proj.weight`.
     """
     halves: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in vision_state.items():
+    for name, tensor in state.items():
         match = _LORA_KEY.match(name)
         if match is None:
-            raise VlrlError(f"adapter tensor {name!r} on the vision tower is not a LoRA A/B weight; cannot merge it")
+            raise VlrlError(f"adapter tensor {name!r} is not a LoRA A/B weight; cannot merge it")
         halves.setdefault(f"{match.group('module')}.weight", {})[match.group("which")] = tensor
     pairs = {}
     for weight, ab in halves.items():
@@ -61,45 +63,69 @@ def vision_lora_pairs(vision_state: dict[str, torch.Tensor]) -> dict[str, tuple[
     return pairs
 
 
+def vision_lora_pairs(vision_state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """`lora_pairs` of the vision half of an adapter (from `split_adapter_state`)."""
+    return lora_pairs(vision_state)
+
+
 def lora_scale(lora_config: dict[str, Any]) -> float:
     """PEFT's scaling of B @ A: alpha / r, or alpha / sqrt(r) with rsLoRA."""
     rank, alpha = float(lora_config["r"]), float(lora_config.get("lora_alpha", lora_config["r"]))
     return alpha / rank**0.5 if lora_config.get("use_rslora") else alpha / rank
 
 
-def merged_vision_weights(
+def merge_lora(
+    base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, name: str = "weight", dtype=None
+) -> torch.Tensor:
+    """W0 + scale * B @ A, computed in fp32 on the base's device and rounded once to `dtype`
+    (default: the base's). Always from the untouched base W0: merging onto an already merged,
+    rounded weight would let the rounding errors pile up step after step."""
+    a = a.to(device=base.device, dtype=torch.float32)
+    b = b.to(device=base.device, dtype=torch.float32)
+    delta = (b @ a).mul_(scale)
+    if delta.shape != base.shape:
+        raise VlrlError(f"LoRA for {name} has shape {tuple(delta.shape)}, the base weight {tuple(base.shape)}")
+    return delta.add_(base.to(torch.float32)).to(dtype or base.dtype)
+
+
+def merged_weights(
     base: dict[str, torch.Tensor], pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], lora_config: dict[str, Any]
 ) -> dict[str, torch.Tensor]:
-    """Base vision weights with the LoRA `pairs` (from `vision_lora_pairs`) merged in, computed in
-    fp32 and cast back; every pair's weight must be in `base`."""
+    """Base weights with the LoRA `pairs` (from `lora_pairs`) merged in (`merge_lora`); every
+    pair's weight must be in `base`."""
     scale = lora_scale(lora_config)
     out = {}
     for name, (a, b) in pairs.items():
         if name not in base:
-            raise VlrlError(f"the base checkpoint has no tensor {name}; the adapter's vision LoRA does not fit it")
-        w = base[name]
-        delta = (b.to(torch.float32) @ a.to(torch.float32)) * scale
-        if delta.shape != w.shape:
-            raise VlrlError(f"vision LoRA for {name} has shape {tuple(delta.shape)}, the base weight {tuple(w.shape)}")
-        out[name] = (w.to(torch.float32) + delta).to(w.dtype)
+            raise VlrlError(f"the base checkpoint has no tensor {name}; the adapter's LoRA does not fit it")
+        out[name] = merge_lora(base[name], a, b, scale, name)
     return out
 
 
-def read_checkpoint_tensors(model_dir: str | os.PathLike, names: set[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of a safetensors checkpoint directory (one file or sharded), on CPU."""
+def merged_vision_weights(
+    base: dict[str, torch.Tensor], pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], lora_config: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """`merged_weights` for the vision half (kept for `merge_vision_into_base` and callers)."""
+    return merged_weights(base, pairs, lora_config)
+
+
+def read_checkpoint_tensors(
+    model_dir: str | os.PathLike, names: set[str], device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The named tensors of a safetensors checkpoint directory (one file or sharded), on `device`."""
     from safetensors import safe_open
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
-        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base vision weights")
+        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base weights")
     found: dict[str, torch.Tensor] = {}
     for file in files:
-        with safe_open(str(file), framework="pt") as handle:
+        with safe_open(str(file), framework="pt", device=str(device)) as handle:
             for name in set(handle.keys()) & (names - set(found)):
                 found[name] = handle.get_tensor(name)
     missing = sorted(names - set(found))
     if missing:
-        raise VlrlError(f"{model_dir} lacks {len(missing)} base tensors the vision LoRA needs (e.g. {missing[0]})")
+        raise VlrlError(f"{model_dir} lacks {len(missing)} base tensors the LoRA needs (e.g. {missing[0]})")
     return found
 
 

@@ -64,6 +64,9 @@ class RolloutEngine(ABC):
     # The PEFT module the engine samples with, when it holds one (the transformers engine); it can
     # write an adapter directory for gathered weights. None: the weights live elsewhere (vLLM).
     model: Any = None
+    # "merged": each sync writes W0 + scale * B @ A into the engine's weights, so it wants the
+    # adapter on the policy's device (vLLM, `rollout.lora_mode`); "adapter": LoRA applied as such.
+    lora_mode: str = "adapter"
 
     @abstractmethod
     def generate(self, prompts: list[MultimodalSequence], params: SamplingParams) -> list[list[Completion]]:

@@ -20,6 +20,7 @@ import torch
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
 from vlrl.rollout.engine import RolloutEngine, SamplingParams
+from vlrl.rollout.lora_mode import resolve_lora_mode
 from vlrl.rollout.sequence import ChatFormat
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,14 @@ def build_engine(
     first adapter comes with the caller's first `update_adapter`. `gpu_memory_utilization`: vLLM's
     share of the GPU (default: `rollout.gpu_memory_utilization` against the memory free now,
     `vllm_memory_share`; unused on CPU). `engine_args`: constructor arguments of the engine that
-    override the config's (benchmarks: `ignore_eos`, `max_num_seqs`, `extra_args`, ...).
+    override the config's (benchmarks: `ignore_eos`, `max_num_seqs`, `extra_args`, ...; the worker:
+    `base_source`, where a merging vLLM engine reads W0).
     """
     from vlrl.models.loading import vision_special_token_ids
 
     name = resolve_engine_name(engine or config.rollout.engine)
     r = config.rollout
+    lora_mode = resolve_lora_mode(r.lora_mode, name, config.runtime.use_gpu)  # a misfit mode is one error line
     suppress = vision_special_token_ids(chat.processor)
     if name == "vllm":
         from vlrl.models.loading import ensure_model, worker_device
@@ -79,6 +82,7 @@ def build_engine(
             gpu_memory_utilization=gpu_memory_utilization,
             use_gpu=config.runtime.use_gpu,
             seed=config.train.seed,
+            lora_mode=lora_mode,
         )
         directory = model_dir if model_dir is not None else ensure_model(config.model)
         return VLLMEngine(directory, chat.tokenizer, suppress, **{**kwargs, **engine_args})

