@@ -44,7 +44,7 @@ def run_one(
     from vlrl.training.trainer import GRPOTrainer
 
     run = grpo_bench.BenchSettings(**{**settings.__dict__, "prompts": prompts})
-    config = grpo_bench.reference_config(run)
+    config = grpo_bench.bench_config(run, model_dir, storage)
     total = settings.warmup + settings.steps
     for key, value in {
         "model.path": str(model_dir),

@@ -34,6 +34,7 @@ import gc
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def _workload_config(settings: grpo_bench.BenchSettings, workload: str, micro: i
     from vlrl.config import load_config
 
     if workload == "single":
-        config = grpo_bench.reference_config(settings)
+        config = grpo_bench.bench_config(settings, Path(settings.model), Path(tempfile.gettempdir()))
     else:
         config = load_config(
             ROOT / "configs" / "qwen3vl-8b-6gpu.yaml",
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = settings.resolved_device()
     t0 = time.perf_counter()
     base, processor = grpo_bench.build_model(settings, device)
-    config = grpo_bench.reference_config(settings)
+    config = grpo_bench.bench_config(settings, Path(settings.model), Path(tempfile.gettempdir()))
     model = apply_lora(
         base, settings.lora_rank, settings.lora_alpha, 0.0, config.model.lora.target_modules, seed=settings.seed
     )
