@@ -110,9 +110,12 @@ def apply_lora(
         return get_peft_model(model, config)
 
 
-def adapter_state_dict(peft_model: PeftModel) -> dict[str, torch.Tensor]:
-    """The LoRA weights only, as detached CPU copies (safe to send to another process)."""
+def adapter_state_dict(peft_model: PeftModel, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+    """The LoRA weights only, as detached CPU copies (safe to send to another process); with
+    `to_cpu=False` the live tensors where they are, detached (for an engine on the same device)."""
     state = get_peft_model_state_dict(peft_model)
+    if not to_cpu:
+        return {name: tensor.detach() for name, tensor in state.items()}
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
 
 

@@ -100,8 +100,9 @@ def _adapter_names(model: nn.Module) -> dict[str, str]:
     return {names[int(value)]: key for key, value in peft_keys.items()}
 
 
-def gather_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full LoRA weights as CPU tensors, keyed like `vlrl.models.lora.adapter_state_dict`.
+def gather_adapter_state(model: nn.Module, to_cpu: bool = True) -> dict[str, torch.Tensor]:
+    """The full LoRA weights as CPU tensors, keyed like `vlrl.models.lora.adapter_state_dict`;
+    with `to_cpu=False` they stay on the policy's device (a colocated engine that merges them).
 
     On a sharded model every worker must call this (one all-gather per LoRA tensor, adapter
     weights only, never the base weights); every worker gets the whole adapter.
@@ -111,13 +112,13 @@ def gather_adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     from vlrl.models.lora import adapter_state_dict
 
     if not is_sharded(model):
-        return adapter_state_dict(model)
+        return adapter_state_dict(model, to_cpu=to_cpu)
     keys = _adapter_names(model)
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():  # the same order on every worker
         if name in keys:
-            full = param.full_tensor() if isinstance(param, DTensor) else param
-            state[keys[name]] = full.detach().to("cpu", copy=True)
+            full = (param.full_tensor() if isinstance(param, DTensor) else param).detach()
+            state[keys[name]] = full.to("cpu", copy=True) if to_cpu else full
     return state
 
 

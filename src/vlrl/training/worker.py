@@ -200,14 +200,7 @@ class Worker:
 
     def _engine_adapter_state(self, engine: RolloutEngine) -> dict[str, torch.Tensor]:
         """The full adapter for `engine`: on the policy's device for a merging engine, else CPU copies."""
-        if engine.lora_mode != "merged":
-            return self.adapter_state()
-        from peft import get_peft_model_state_dict
-        from torch.distributed.tensor import DTensor
-
-        state = get_peft_model_state_dict(self.model)  # the same keys and order on every worker
-        # Live tensors, used before the next optimizer step; a sharded one is all-gathered on its device.
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in state.items()}
+        return distributed.gather_adapter_state(self.model, to_cpu=engine.lora_mode != "merged")
 
     def _policy_base_weights(self, names: list[str]):
         """(checkpoint name, W0) for `names`, in that order, from the policy's frozen base weights
