@@ -32,7 +32,7 @@ import torch
 
 from vlrl.algo.grpo import token_logprobs
 from vlrl.config import RunConfig
-from vlrl.envs.base import Task, build_split, env_class, make_env, task_group, task_group_label
+from vlrl.envs.base import Task, build_split, env_class, make_env, task_group_label
 from vlrl.errors import VlrlError
 from vlrl.eval.evaluate import EvalResult, episode_row
 from vlrl.models.output import check_output_dir
@@ -130,10 +130,9 @@ def check_demonstrator(config: RunConfig, tasks: list[Task]) -> dict:
     check_demonstrator_exists(config)
     name = config.train.sft.demonstrator
     by_group: dict[str, list[int]] = {}
-    for task in tasks[:DEMONSTRATOR_CHECK_TASKS]:
-        success = play_demonstrator(config, task)["success"] > 0
-        counts = by_group.setdefault(task_group(task), [0, 0])
-        counts[0] += int(success)
+    for row in demonstrator_result(config, tasks[:DEMONSTRATOR_CHECK_TASKS]).episodes:
+        counts = by_group.setdefault(row["group"], [0, 0])
+        counts[0] += int(row["success"] > 0)
         counts[1] += 1
     for group, (ok, n) in sorted(by_group.items()):
         if ok < n:

@@ -215,8 +215,8 @@ class GRPOTrainer(RecoveryMixin):
 
     def shuffled(self, adv: list[float]) -> list[float]:
         """algo.shuffle_advantages (the control arm): the batch's episode advantages permuted across
-        its episodes. Seeded by train.seed and the step, so a
-        resumed run shuffles as the uninterrupted one did."""
+        its episodes. Seeded by train.seed and the step, so a resumed run shuffles as the
+        uninterrupted one did."""
         order = list(range(len(adv)))
         random.Random(f"shuffle/{self.config.train.seed}/{self.step_idx}").shuffle(order)
         return [adv[i] for i in order]
