@@ -74,6 +74,10 @@ class BenchSettings:
     gpu_memory_utilization: str = "0.35"  # vllm engine (and TRL's colocated vLLM): share of the GPU, or auto
     fast_decode: str = "auto"  # transformers engine path: auto | on | off
     compile_decode: bool = False
+    lora_mode: str = "auto"  # vllm engine: rollout.lora_mode (auto: merged on GPU)
+    sleep_level: str = "auto"  # vllm engine on GPU: rollout.sleep_level (auto: 2 with merged weights)
+    probe_recompute: bool = True  # one more update with activation recomputation on: its time and peak memory
+    profile_update: bool = True  # one more update under torch.profiler: the ops that hold it, by device time
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time
     compare: list[str] = field(default_factory=list)  # "trl" (transformers generation) and/or "trl-vllm"
     trl_only: bool = False  # run TRL's side alone (e.g. on another GPU at the same time; see --merge)
@@ -251,6 +255,8 @@ def bench_config(settings: BenchSettings, model_dir: Path, run_root: Path):
             f"rollout.gpu_memory_utilization={settings.gpu_memory_utilization}",
             f"rollout.fast_decode={ {'on': 'true', 'off': 'false'}.get(settings.fast_decode, 'auto') }",
             f"rollout.compile_decode={str(settings.compile_decode).lower()}",
+            f"rollout.lora_mode={settings.lora_mode}",
+            f"rollout.sleep_level={settings.sleep_level}",
             f"algo.group_size={settings.samples}",
             f"algo.tasks_per_step={settings.prompts}",
             f"algo.mini_batch_size={completions}",
@@ -402,6 +408,8 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                 "trainable_parameters": sum(p.numel() for p in worker.model.parameters() if p.requires_grad),
                 "forward_parameters": n_forward,
                 "scoring_passes": scoring_passes(config),
+                "lora_mode": getattr(engine, "lora_mode", ""),
+                "sleep_level": getattr(engine, "sleep_level", None),
                 "ppo_epochs": config.algo.ppo_epochs,
             }
             poll.__exit__()
@@ -472,6 +480,11 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
         awake = _free_bytes(device)
         engine.sleep()
         memory_log["sleep_freed_gib"] = (_free_bytes(device) - awake) / 2**30
+    update_probes = {}
+    if settings.probe_recompute:
+        update_probes["recompute"] = _update_with_recompute(worker, check, group_advantages(rewards), device)
+    if settings.profile_update:
+        update_probes["profile"] = _profiled_update(worker, check, group_advantages(rewards), device)
     worker.sync_adapter(10_000)  # the engine serves the policy again
     del check
     # What a separate engine copy (W > 1 workers) pays to receive the adapter: gather to CPU and
@@ -510,6 +523,7 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
         print(f"[vlrl] rollout only, batch {batch}: {sweep[str(batch)]['tokens_per_s']:,.0f} tok/s", flush=True)
     return {
         "decode_sweep": sweep,
+        "update_probes": update_probes,
         "summary": {
             "adapter_sync_copy_s": copy_sync_s,
             "adapter_mib": adapter_mib,
@@ -517,6 +531,56 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
             "logprob_diff_max": float(diff.max()),
         },
     }
+
+
+def _update_with_recompute(worker, episodes, advantages, device: torch.device) -> dict[str, float]:
+    """One update of `episodes` with activation recomputation on (`train.gradient_checkpointing`'s
+    switch, turned off again after): its time and peak memory, beside the step's update without it,
+    so the choice is made from measured memory."""
+    from vlrl.models.loading import enable_activation_checkpointing
+
+    base = worker.model.get_base_model() if hasattr(worker.model, "get_base_model") else worker.model
+    enable_activation_checkpointing(worker.model)
+    _release(device)
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        worker.update(episodes, advantages.flatten().tolist(), seed=10_001)
+        _sync(device)
+        out = {"update_s": time.perf_counter() - t0}
+    finally:
+        base.gradient_checkpointing_disable()
+    if device.type == "cuda":
+        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    print(f"[vlrl] update with activation recomputation: {out}", flush=True)
+    return out
+
+
+def _profiled_update(worker, episodes, advantages, device: torch.device, rows: int = 30) -> dict[str, Any]:
+    """One update under torch.profiler: the `rows` ops with the most device (else CPU) time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _release(device)
+    with profile(activities=activities) as prof:
+        worker.update(episodes, advantages.flatten().tolist(), seed=10_002)
+        _sync(device)
+    key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    events = prof.key_averages()
+    total = sum(getattr(e, "self_" + key, 0.0) for e in events) or 1.0
+    top = sorted(events, key=lambda e: getattr(e, "self_" + key, 0.0), reverse=True)[:rows]
+    table = [
+        {
+            "op": e.key,
+            "calls": e.count,
+            f"self_{key}_ms": getattr(e, "self_" + key, 0.0) / 1e3,
+            "share": getattr(e, "self_" + key, 0.0) / total,
+        }
+        for e in top
+    ]
+    for row in table[:12]:
+        print(f"[vlrl] update profile: {row}", flush=True)
+    return {"sort_key": f"self_{key}", f"self_{key}_total_ms": total / 1e3, "top": table}
 
 
 def engine_path(engine, device: torch.device) -> str:
@@ -972,6 +1036,15 @@ def format_table(result: dict[str, Any]) -> str:
     if "vlrl" in result:
         for batch, figures in result["vlrl"]["decode_sweep"].items():
             lines.append(f"{f'rollout only, batch {batch}: tok/s':<36}{figures['tokens_per_s']:>16,.0f}")
+        ours = result["vlrl"]
+        lines.append(f"LoRA served: {ours.get('lora_mode') or '-'}, vLLM sleep level {ours.get('sleep_level') or '-'}")
+        probes = ours.get("update_probes", {})
+        if "recompute" in probes:
+            r = probes["recompute"]
+            peak = f", peak {r['peak_allocated_gib']:.1f} GiB" if "peak_allocated_gib" in r else ""
+            lines.append(f"update with activation recomputation: {r['update_s']:.2f} s{peak}")
+        for op in probes.get("profile", {}).get("top", [])[:8]:
+            lines.append(f"  update op {op['op'][:48]:<48} {op['share']:>6.1%}")
     if "trl_over_vlrl_step_time" in result:
         lines.append(f"TRL step time / vlrl step time: {result['trl_over_vlrl_step_time']:.2f}x")
     if "trl_vllm_over_vlrl_step_time" in result:

@@ -15,7 +15,10 @@ pristine copy), in its own process (a fresh vLLM each, so GPU memory is not shar
 4. re-merge from the pristine base: sync adapter A, B, then A again: greedy log-probs after the
    second A against the first (0 when every merge starts from W0);
 5. decode time of `--decode-prompts` x `--decode-tokens` forced tokens (no LoRA kernels in merged mode);
-6. on a GPU, memory the merged mode adds (the pristine copy's bytes in `merged-copy`).
+6. on a GPU, memory the merged mode adds (the pristine copy's bytes in `merged-copy`);
+7. on a GPU, the trainer's sleep -> sync cycle before the gap is measured (so a level-2 sleep's
+   rewrite is what serves), and a sleep -> wake with no sync at the end: its greedy log-probs
+   against those before it (`wake_max_diff`, 0 when the wake restores the same weights).
 
 Everything goes to --out as JSON (one entry per mode plus a summary); the exit status is 1 when a
 mode's max gap exceeds `--max-gap` or a merged mode's re-merge differs by more than `--max-remerge`.
@@ -42,10 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-MODES = {  # name: (rollout.lora_mode, rollout.merged_base)
-    "adapter": ("adapter", "policy"),
-    "merged": ("merged", "policy"),
-    "merged-copy": ("merged", "copy"),
+MODES = {  # name: (rollout.lora_mode, rollout.merged_base, rollout.sleep_level)
+    "adapter": ("adapter", "policy", 1),
+    "merged": ("merged", "policy", 1),
+    "merged-copy": ("merged", "copy", 1),
+    "merged-sleep2": ("merged", "policy", 2),  # weights dropped while the policy trains, rewritten on wake
 }
 
 
@@ -90,7 +94,7 @@ def run_one(mode: str, args) -> dict:
 
     gpu = torch.cuda.is_available()
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if gpu else "float32")
-    lora_mode, base = MODES[mode]
+    lora_mode, base, sleep_level = MODES[mode]
     overrides = [
         f"model.path={args.model_dir}",
         "runtime.backend=local",
@@ -99,6 +103,7 @@ def run_one(mode: str, args) -> dict:
         "rollout.engine=vllm",
         f"rollout.lora_mode={lora_mode}",
         f"rollout.merged_base={base}",
+        f"rollout.sleep_level={sleep_level}",
         "model.lora.include_vision=true",
         f"rollout.max_model_len={args.max_model_len}",
         f"rollout.gpu_memory_utilization={args.memory_share}",
@@ -114,6 +119,7 @@ def run_one(mode: str, args) -> dict:
         "mode": mode,
         "lora_mode": lora_mode,
         "merged_base": base if lora_mode == "merged" else None,
+        "sleep_level": sleep_level,
         "dtype": dtype,
         "device": torch.cuda.get_device_name(0) if gpu else "cpu",
         "worker_start_s": time.perf_counter() - t0,
@@ -127,6 +133,12 @@ def run_one(mode: str, args) -> dict:
     times = [worker.sync_adapter(v) for v in range(1, args.syncs + 1)]
     out["sync_s"] = times
     out["sync_median_s"] = statistics.median(times)
+    if gpu:  # the trainer's cycle: the engine sleeps through the update, the sync wakes it
+        t0 = time.perf_counter()
+        engine.sleep()
+        torch.cuda.synchronize()
+        out["sleep_s"] = time.perf_counter() - t0
+        out["sync_after_sleep_s"] = worker.sync_adapter(args.syncs + 1)
     out["merge_path"] = getattr(engine, "merge_path", "") or None
     out["adapter_transport"] = engine.adapter_transport
     pristine = getattr(engine, "_pristine", None) or {}
@@ -177,6 +189,13 @@ def run_one(mode: str, args) -> dict:
         return worst
 
     out["remerge_max_diff"] = diff(first, again)
+    if gpu:  # a wake with no sync (an evaluation after an update): the same weights must serve
+        engine.sleep()
+        t0 = time.perf_counter()
+        engine.wake_up()
+        torch.cuda.synchronize()
+        out["wake_s"] = time.perf_counter() - t0
+        out["wake_max_diff"] = diff(again, engine.generate(prompts, greedy))
     out["adapter_b_moves_logprobs"] = diff(first, other) > 0
     # Decode speed: forced full-length completions.
     engine.ignore_eos = True
@@ -246,6 +265,8 @@ def main() -> int:
         # (on the H200 its bf16 LoRA kernels gave 0.004 between two syncs of one adapter).
         if r["lora_mode"] == "merged" and not r["remerge_max_diff"] <= args.max_remerge:
             results["failures"].append(f"{mode}: re-merge differs by {r['remerge_max_diff']:.3g}")
+        if r["lora_mode"] == "merged" and not r.get("wake_max_diff", 0.0) <= args.max_remerge:
+            results["failures"].append(f"{mode}: a wake without a sync differs by {r['wake_max_diff']:.3g}")
         print(
             f"[{mode}] gap first turns mean {r['gap_first_turn']['mean']:.3g} max {r['gap_first_turn']['max']:.3g}; "
             f"episodes mean {r['gap_episodes']['mean']:.3g} max {r['gap_episodes']['max']:.3g}; "
@@ -259,6 +280,10 @@ def main() -> int:
             "gap_max": max(r["gap_first_turn"]["max"], r["gap_episodes"]["max"]) if "gap_episodes" in r else None,
             "sync_median_s": r.get("sync_median_s"),
             "decode_s": r.get("decode_s"),
+            "sleep_s": r.get("sleep_s"),
+            "sync_after_sleep_s": r.get("sync_after_sleep_s"),
+            "wake_s": r.get("wake_s"),
+            "wake_max_diff": r.get("wake_max_diff"),
         }
         for mode, r in results["modes"].items()
     }

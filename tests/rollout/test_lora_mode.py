@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from vlrl.errors import VlrlError
-from vlrl.rollout.lora_mode import logprob_gap_check, resolve_lora_mode
+from vlrl.rollout.lora_mode import logprob_gap_check, resolve_lora_mode, resolve_sleep_level
 
 
 def test_auto_is_merged_on_gpu_with_vllm_and_adapter_elsewhere():
@@ -24,6 +24,26 @@ def test_merged_with_the_transformers_engine_is_one_line_naming_the_mode_that_wo
     assert "\n" not in str(err.value)
     with pytest.raises(VlrlError, match="unknown rollout.lora_mode"):
         resolve_lora_mode("fused", "vllm", use_gpu=True)
+
+
+def test_sleep_level_auto_drops_the_weights_only_where_a_merge_rewrites_them():
+    assert resolve_sleep_level("auto", "merged", use_gpu=True) == 2
+    assert resolve_sleep_level("auto", "merged", use_gpu=True, world_size=2) == 1  # a group's base is sharded
+    assert resolve_sleep_level("auto", "adapter", use_gpu=True) == 1
+    assert resolve_sleep_level("auto", "merged", use_gpu=False) == 1  # CPU vLLM has no sleep mode
+    assert resolve_sleep_level(1, "merged", use_gpu=True) == 1
+    assert resolve_sleep_level(2, "merged", use_gpu=False) == 2  # forced: every sync rewrites every tensor
+
+
+@pytest.mark.parametrize(
+    ("lora_mode", "world_size", "why"), [("adapter", 1, "needs rollout.lora_mode=merged"), ("merged", 4, "not 4")]
+)
+def test_sleep_level_2_where_nothing_rewrites_the_weights_is_one_line(lora_mode, world_size, why):
+    with pytest.raises(VlrlError, match=why) as err:
+        resolve_sleep_level(2, lora_mode, use_gpu=True, world_size=world_size)
+    assert "\n" not in str(err.value) and "use rollout.sleep_level=1 or auto" in str(err.value)
+    with pytest.raises(VlrlError, match="unknown rollout.sleep_level"):
+        resolve_sleep_level(3, "merged", use_gpu=True)
 
 
 def test_a_gap_past_the_tolerance_is_flagged_never_silent(caplog):

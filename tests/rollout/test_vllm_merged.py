@@ -32,7 +32,7 @@ def vllm_module():
     return require_vllm()
 
 
-def _engine(worker, ci_model_dir, lora_mode: str, base_source=None, kv_cache_memory_mb: int = 32):
+def _engine(worker, ci_model_dir, lora_mode: str, base_source=None, kv_cache_memory_mb: int = 32, sleep_level=1):
     from vlrl.rollout.vllm_engine import VLLMEngine, vllm_lora_config
 
     return VLLMEngine(
@@ -46,6 +46,7 @@ def _engine(worker, ci_model_dir, lora_mode: str, base_source=None, kv_cache_mem
         kv_cache_memory_mb=kv_cache_memory_mb,
         seed=0,
         lora_mode=lora_mode,
+        sleep_level=sleep_level,
         base_source=base_source,
     )
 
@@ -306,3 +307,53 @@ def test_the_direct_in_place_path_writes_checkpoint_names_into_the_served_tensor
     assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], new)
     llm.collective_rpc(vllm_compat.load_weights_direct, args=([("model.language_model.norm.weight", before)],))
     assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], before)
+
+
+@pytest.fixture(scope="module")
+def rewrite_engine(trio, ci_model_dir):
+    """A merged engine at `sleep_level=2`: every sync writes every checkpoint tensor, not only the
+    LoRA-targeted ones (on a GPU its weights are dropped while the policy trains). Closed at the
+    module's end, as `copy_engine`."""
+    worker, _, _ = trio
+    engine = _engine(
+        worker, ci_model_dir, "merged", base_source=worker._policy_base_weights, kv_cache_memory_mb=16, sleep_level=2
+    )
+    yield engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_sleep_level_2_rewrites_every_weight_from_the_base_and_the_last_merged_adapter(
+    trio, rewrite_engine, ci_model_dir
+):
+    """What a level-2 wake finds on a GPU is no weights at all. CPU vLLM has no sleep mode, so the
+    drop is made by hand: every checkpoint tensor overwritten with zeros through the same in-place
+    path. The wake must then serve exactly what it served before: the base plus the adapter it last
+    merged, not the policy's newer one (that comes with the next sync)."""
+    from vlrl.models.vision_merge import checkpoint_tensor_names, read_checkpoint_tensors
+    from vlrl.rollout import vllm_compat
+
+    worker, merged, _ = trio
+    _set_lora_b(worker, seed=6, scale=0.2)
+    _sync(worker, (merged, rewrite_engine), 6)
+    names = checkpoint_tensor_names(ci_model_dir)
+    assert set(rewrite_engine._merge_names) == set(names)
+    prompts = _prompts(worker, 2)
+    served = rewrite_engine.generate(prompts, GREEDY)
+    level_1 = merged.generate(prompts, GREEDY)
+    assert [[c.token_ids for c in p] for p in served] == [[c.token_ids for c in p] for p in level_1]
+    flat = [x for p in served for c in p for x in c.logprobs]
+    assert flat == pytest.approx([x for p in level_1 for c in p for x in c.logprobs], abs=1e-6)
+
+    zeros = [(n, torch.zeros_like(t)) for n, t in read_checkpoint_tensors(ci_model_dir, set(names)).items()]
+    vllm_compat.load_merged_weights(rewrite_engine.llm, zeros, rewrite_engine.merge_path)
+    dropped = rewrite_engine.generate(prompts, GREEDY)
+    assert [[c.logprobs for c in p] for p in dropped] != [[c.logprobs for c in p] for p in served]
+
+    _set_lora_b(worker, seed=7, scale=0.2)  # the policy moves on; the engine has not been synced
+    rewrite_engine._weights_dropped = True  # the state a level-2 sleep leaves on a GPU
+    rewrite_engine.wake_up()
+    again = rewrite_engine.generate(prompts, GREEDY)
+    assert [[c.token_ids for c in p] for p in again] == [[c.token_ids for c in p] for p in served]
+    assert [[c.logprobs for c in p] for p in again] == [[c.logprobs for c in p] for p in served]
+    assert rewrite_engine.adapter_version == 6 and not rewrite_engine._weights_dropped

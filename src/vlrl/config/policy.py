@@ -92,6 +92,13 @@ class RolloutConfig(Section):
         "weights on the same device (no extra memory; all-gathered weight by weight on a sharded policy); `copy`: the "
         "engine keeps its own copy of the LoRA-targeted checkpoint tensors on its device.",
     )
+    sleep_level: Literal["auto", 1, 2] = Field(
+        "auto",
+        description="vLLM on GPU: what the engine does with its weights while the policy trains. 1: they move to "
+        "host memory and back (a round trip of the whole model per step); 2: they are dropped and the next wake "
+        "rewrites every weight from the policy's base on the same GPU (merged LoRA included), so nothing crosses "
+        "to the host; needs rollout.lora_mode=merged and one worker per engine. `auto`: 2 where it applies, else 1.",
+    )
     logprob_gap_tolerance: float = Field(
         0.1,
         gt=0,

@@ -129,6 +129,20 @@ def read_checkpoint_tensors(
     return found
 
 
+def checkpoint_tensor_names(model_dir: str | os.PathLike) -> list[str]:
+    """Every tensor name of a safetensors checkpoint directory (one file or sharded), from the headers."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base weights")
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            names.update(handle.keys())
+    return sorted(names)
+
+
 def adapter_tensor_names(adapter_dir: str | Path) -> list[str]:
     """Tensor names of a PEFT adapter directory's adapter_model.safetensors (read from the header)."""
     from safetensors import safe_open

@@ -20,7 +20,7 @@ import torch
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
 from vlrl.rollout.engine import RolloutEngine, SamplingParams
-from vlrl.rollout.lora_mode import resolve_lora_mode
+from vlrl.rollout.lora_mode import resolve_lora_mode, resolve_sleep_level
 from vlrl.rollout.sequence import ChatFormat
 
 log = logging.getLogger(__name__)
@@ -41,20 +41,22 @@ def build_engine(
     shares_policy: bool = False,
     model_dir: str | os.PathLike | None = None,
     gpu_memory_utilization: float | None = None,
+    world_size: int = 1,
     **engine_args: Any,
 ) -> RolloutEngine:
     """The rollout engine `engine` (default: the config's `rollout.engine`, resolved), sized by `rollout.*`.
 
-    `chat` gives the tokenizer, the end-of-turn and padding ids; the vision special tokens of its
-    processor are never sampled. `model` is the PEFT-wrapped model to sample from: the
-    transformers engine runs it (with `shares_policy`, it is the policy being trained, so a sync
-    only records the version); vLLM reads only its adapter config and loads the base weights
-    from `model_dir` (default: `config.model`'s directory), never sharing the policy's module; its
-    first adapter comes with the caller's first `update_adapter`. `gpu_memory_utilization`: vLLM's
-    share of the GPU (default: `rollout.gpu_memory_utilization` against the memory free now,
-    `vllm_memory_share`; unused on CPU). `engine_args`: constructor arguments of the engine that
-    override the config's (benchmarks: `ignore_eos`, `max_num_seqs`, `extra_args`, ...; the worker:
-    `base_source`, where a merging vLLM engine reads W0).
+        `chat` gives the tokenizer, the end-of-turn and padding ids; the vision special tokens of its
+        processor are never sampled. `model` is the PEFT-wrapped model to sample from: the
+        transformers engine runs it (with `shares_policy`, it is the policy being trained, so a sync
+        only records the version); vLLM reads only its adapter config and loads the base weights
+        from `model_dir` (default: `config.model`'s directory), never sharing the policy's module; its
+        first adapter comes with the caller's first `update_adapter`. `gpu_memory_utilization`: vLLM's
+        share of the GPU (default: `rollout.gpu_memory_utilization` against the memory free now,
+        `vllm_memory_share`; unused on CPU). `world_size`: workers of the policy (vLLM's sleep level,
+    `resolve_sleep_level`). `engine_args`: constructor arguments of the engine that
+        override the config's (benchmarks: `ignore_eos`, `max_num_seqs`, `extra_args`, ...; the worker:
+        `base_source`, where a merging vLLM engine reads W0).
     """
     from vlrl.models.loading import vision_special_token_ids
 
@@ -83,6 +85,7 @@ def build_engine(
             use_gpu=config.runtime.use_gpu,
             seed=config.train.seed,
             lora_mode=lora_mode,
+            sleep_level=resolve_sleep_level(r.sleep_level, lora_mode, config.runtime.use_gpu, world_size),
         )
         directory = model_dir if model_dir is not None else ensure_model(config.model)
         return VLLMEngine(directory, chat.tokenizer, suppress, **{**kwargs, **engine_args})

@@ -44,6 +44,32 @@ def resolve_lora_mode(requested: str, engine: str, use_gpu: bool) -> str:
     return requested
 
 
+def resolve_sleep_level(requested: str | int, lora_mode: str, use_gpu: bool, world_size: int = 1) -> int:
+    """vLLM's sleep level while the policy trains (`rollout.sleep_level`): 1 or 2.
+
+    Level 2 drops the engine's weights instead of copying them to the host and back; the wake
+    then rewrites all of them from the policy's frozen base on the same GPU, which only a merging
+    engine does (`lora_mode=merged`). One worker only: on a group each weight would be all-gathered
+    at every wake, and a wake is not a call every worker makes together.
+    """
+    if requested not in ("auto", 1, 2):
+        raise VlrlError(f"unknown rollout.sleep_level {requested!r}; choose auto, 1 or 2")
+    fits = lora_mode == "merged" and world_size == 1
+    if requested == "auto":
+        return 2 if fits and use_gpu else 1
+    if requested == 2 and not fits:
+        why = (
+            f"needs rollout.lora_mode=merged (this engine serves the adapter by {lora_mode})"
+            if lora_mode != "merged"
+            else f"works with one worker per engine, not {world_size}"
+        )
+        raise VlrlError(
+            "rollout.sleep_level=2 drops vLLM's weights while the policy trains and rewrites them from the policy's "
+            f"base at the next wake; it {why}: use rollout.sleep_level=1 or auto"
+        )
+    return int(requested)
+
+
 def logprob_gap_check(values: dict[str, float], tolerance: float, lora_mode: str = "") -> dict[str, float]:
     """`rollout/logprob_gap_exceeded` (0 or 1) from a step's `rollout/logprob_diff_mean`, with a
     warning when the gap is past `tolerance`; empty when the step measured no gap."""

@@ -35,9 +35,11 @@ Same contract as `TransformersEngine` (see `rollout/engine.py`):
   a pristine copy of the LoRA-targeted checkpoint tensors the engine keeps) and rounded once.
   Language and vision LoRA go the same way. `vllm_compat` says how the tensors get in (`direct`
   `model.load_weights` in place on GPU, `reload_weights` where the CPU build repacked them).
-- **Colocation.** On GPUs the engine is built with sleep mode: `sleep()` (level 1) moves the
-  weights to CPU memory and drops the KV cache while the policy trains; `wake_up()` restores
-  them. The base weights never change (only the adapter does), so they are never re-sent. On CPU
+- **Colocation.** On GPUs the engine is built with sleep mode and drops its KV cache while the
+  policy trains. `sleep_level=1` moves the weights to host memory and back, a round trip of the
+  whole model per step. `sleep_level=2` (merged mode, `lora_mode.resolve_sleep_level`) drops
+  them: the next sync (or a wake without one) rewrites every checkpoint tensor from the base on
+  the same GPU, the LoRA-targeted ones merged, so the weights never leave the device. On CPU
   there is no sleep mode: both calls are skipped (logged once).
 
 vLLM's CPU worker, when it runs in our process, reseeds the global RNGs and replaces
@@ -115,6 +117,7 @@ class VLLMEngine(RolloutEngine):
         seed: int = 0,
         adapter_transport: str = "memory",
         lora_mode: str = "adapter",
+        sleep_level: int = 1,
         base_source: Any = None,
         extra_args: dict[str, Any] | None = None,
     ):
@@ -132,6 +135,11 @@ class VLLMEngine(RolloutEngine):
         if lora_mode == "merged" and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0").strip() != "0":
             raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
         self.lora_mode = lora_mode
+        if sleep_level not in (1, 2) or (sleep_level == 2 and lora_mode != "merged"):
+            raise VlrlError(f"sleep_level 2 needs lora_mode 'merged'; got sleep_level={sleep_level!r}, {lora_mode!r}")
+        self.sleep_level = sleep_level
+        self._weights_dropped = False  # level 2: asleep, or awake with weights not yet rewritten
+        self._served: dict[str, torch.Tensor] = {}  # level 2: the adapter last merged, to rewrite on a wake
         # names -> iterator of (checkpoint name, W0) in that order; None: the engine's own pristine copy
         self.base_source = base_source
         self._merge_names: list[str] | None = None  # checkpoint tensors rewritten per sync (merged mode)
@@ -233,9 +241,13 @@ class VLLMEngine(RolloutEngine):
         weights (`vllm_compat` explains both).
         """
         start = time.perf_counter()
-        self.wake_up()  # a sleeping engine's weights and LoRA slots are not in GPU memory
+        # A sleeping engine's weights and LoRA slots are not in GPU memory. At level 2 the merge
+        # below rewrites every weight, so the wake does not rewrite them first.
+        self.wake_up(rewrite=False)
         if self.lora_mode == "merged":
             self._merge_and_load(state, version)
+            if self.sleep_level == 2:
+                self._served = {k: v.detach().clone() for k, v in state.items()}
             self._version = version
             if self.use_gpu:
                 torch.cuda.synchronize()  # the time is the sync's, not the next generate's
@@ -323,6 +335,8 @@ class VLLMEngine(RolloutEngine):
         if self._merge_names is None:
             self.merge_path = self.llm.collective_rpc(compat.weights_load_path)[0]
             names = set(pairs)
+            if self.sleep_level == 2:  # a wake finds no weights at all: every tensor is rewritten
+                names |= set(vision_merge.checkpoint_tensor_names(self.model_dir))
             if self.merge_path == "reload":
                 # A layer-wise reload must see every part of a fused module (q, k and v of qkv_proj):
                 # the parts without LoRA go in unchanged, from the same base.
@@ -355,6 +369,7 @@ class VLLMEngine(RolloutEngine):
             weights = list(weights)  # a reload may look at the names first
         try:
             compat.load_merged_weights(self.llm, weights, self.merge_path, reset_prefix_cache=not self._salt_prompts)
+            self._weights_dropped = False
         except VlrlError:
             raise
         except Exception as exc:
@@ -477,14 +492,22 @@ class VLLMEngine(RolloutEngine):
                 self._warned_no_sleep = True
             return
         if not self._asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=self.sleep_level)
             self._asleep = True
+            self._weights_dropped = self.sleep_level == 2
 
-    def wake_up(self) -> None:
-        """GPU: bring weights and KV cache back before rollouts (a no-op when awake or on CPU)."""
+    def wake_up(self, rewrite: bool = True) -> None:
+        """GPU: bring weights and KV cache back before rollouts (a no-op when awake or on CPU).
+
+        After a level-2 sleep the weights are rewritten from the base and the adapter last merged
+        (`rewrite`; `update_adapter` passes False: its merge writes them all anyway)."""
         if self.use_gpu and self._asleep:
             self.llm.wake_up()
             self._asleep = False
+        if rewrite and self._weights_dropped:
+            if not self._served:
+                raise VlrlError("vLLM's weights were dropped (sleep level 2) and no merged adapter is kept to rewrite")
+            self._merge_and_load(self._served, self._version)
 
     def close(self) -> None:
         """Stop the engine and delete its temporary adapter files."""

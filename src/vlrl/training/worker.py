@@ -142,7 +142,14 @@ class Worker:
         if name == "vllm" and self.config.rollout.merged_base == "policy":
             merging["base_source"] = self._policy_base_weights  # W0 for merged mode: the policy's frozen base
         return build_engine(
-            self.config, self.chat, model, engine=name, shares_policy=shares, model_dir=self.model_dir, **merging
+            self.config,
+            self.chat,
+            model,
+            engine=name,
+            shares_policy=shares,
+            model_dir=self.model_dir,
+            world_size=self.world_size,
+            **merging,
         )
 
     # -- the calls the trainer makes -------------------------------------------------------
