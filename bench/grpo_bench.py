@@ -521,6 +521,13 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
             **dict(getattr(engine, "timings", {}) or {}),
         }
         print(f"[vlrl] rollout only, batch {batch}: {sweep[str(batch)]['tokens_per_s']:,.0f} tok/s", flush=True)
+    if settings.decode_sweep:  # what per-request seeds cost (vLLM draws seeded rows one by one)
+        stats = RolloutStats()
+        tasks = trainer.sampler.next(max(1, settings.decode_sweep[0] // g))
+        worker.rollout(tasks, g, worker.sampling_params(seed=None), stats)
+        key = f"{len(tasks) * g} unseeded"
+        sweep[key] = {"s": stats.generate_s, "tokens_per_s": stats.generated_tokens / max(1e-9, stats.generate_s)}
+        print(f"[vlrl] rollout only, batch {key}: {sweep[key]['tokens_per_s']:,.0f} tok/s", flush=True)
     return {
         "decode_sweep": sweep,
         "update_probes": update_probes,

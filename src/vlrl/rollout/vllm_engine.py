@@ -9,7 +9,9 @@ Same contract as `TransformersEngine` (see `rollout/engine.py`):
   config) is an error, never silent drift between what was sampled and what is trained on.
 - **Log-probs of the sampled distribution.** The engine runs with
   `logprobs_mode="processed_logprobs"`: log-softmax of logits / temperature after the vision
-  special tokens are banned (`bad_words`, set to -inf) — what `algo.grpo.token_logprobs` computes.
+  special tokens are banned (a -inf `logit_bias`) — what `algo.grpo.token_logprobs` computes.
+  Not `bad_words`: vLLM applies those in a Python loop over every request and word at every
+  decode step; the bias is one batched add.
   vLLM's default (`raw_logprobs`) would ignore both the temperature and the ban. With
   `top_p < 1` vLLM's processed log-probs are also renormalised over the nucleus, while the
   trainer's are not; keep `rollout.top_p=1` (the default) for unbiased policy gradients anyway.
@@ -153,7 +155,8 @@ class VLLMEngine(RolloutEngine):
         self.use_gpu = use_gpu
         self.lora_config = dict(lora_config)
         self.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-        self.bad_words = [tokenizer.convert_ids_to_tokens(i) for i in suppress_token_ids]
+        # -inf, not the -100 vLLM's own constructor clamps to: the trainer's support excludes these ids.
+        self.logit_bias = {int(i): float("-inf") for i in suppress_token_ids}
         self._version = 0
         self._lora_request: Any = None
         self._next_lora_id = 1
@@ -195,7 +198,6 @@ class VLLMEngine(RolloutEngine):
             except Exception as exc:  # vLLM raises many types; the first line says what is wrong
                 raise VlrlError(f"vLLM could not start on {model_dir}: {_first_line(exc)}") from exc
         self.startup_s = time.perf_counter() - start
-        self._check_bad_words()
         self.model_dir = str(model_dir)
         self._vision_base: dict[str, torch.Tensor] | None = None  # base weights under the vision LoRA
         self.vision_load = ""  # how merged vision weights went in: copy | reload (vllm_compat.load_vision_weights)
@@ -217,14 +219,6 @@ class VLLMEngine(RolloutEngine):
             "GPU" if use_gpu else "CPU",
             "LoRA merged into the weights" if lora_mode == "merged" else f"adapters by {self.adapter_transport}",
         )
-
-    def _check_bad_words(self) -> None:
-        """vLLM bans `bad_words` by tokenizing them; each must be exactly its one special token."""
-        vllm_tok = self.llm.get_tokenizer()
-        for word in self.bad_words:
-            ids = vllm_tok.encode(word, add_special_tokens=False)
-            if ids != [self.tokenizer.convert_tokens_to_ids(word)]:
-                raise VlrlError(f"vLLM's tokenizer does not read {word!r} as one token ({ids}); cannot suppress it")
 
     # -- adapter -----------------------------------------------------------------------------
     @property
@@ -469,7 +463,7 @@ class VLLMEngine(RolloutEngine):
             ignore_eos=self.ignore_eos,
             stop=list(params.stop) or None,
             include_stop_str_in_output=True,
-            bad_words=self.bad_words or None,
+            logit_bias=dict(self.logit_bias) or None,
             logprobs=0,  # only the sampled token's
             seed=seed,
             detokenize=bool(params.stop),  # stop strings need text; our text is decoded from the ids
