@@ -470,8 +470,9 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
     diff = torch.cat(diffs) if diffs else torch.zeros(1)
     # The update's own peak (the engine asleep, as Worker.update puts it): one more update of these episodes.
     rewards = torch.tensor([[e.reward for e in check[i * g : (i + 1) * g]] for i in range(n)])
+    advantages = group_advantages(rewards).flatten().tolist()
     _release(device)
-    worker.update(check, group_advantages(rewards).flatten().tolist(), seed=10_000)
+    worker.update(check, advantages, seed=10_000)
     if device.type == "cuda":
         memory_log["update_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         memory_log["update_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -482,9 +483,9 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
         memory_log["sleep_freed_gib"] = (_free_bytes(device) - awake) / 2**30
     update_probes = {}
     if settings.probe_recompute:
-        update_probes["recompute"] = _update_with_recompute(worker, check, group_advantages(rewards), device)
+        update_probes["recompute"] = _update_with_recompute(worker, check, advantages, device)
     if settings.profile_update:
-        update_probes["profile"] = _profiled_update(worker, check, group_advantages(rewards), device)
+        update_probes["profile"] = _profiled_update(worker, check, advantages, device)
     worker.sync_adapter(10_000)  # the engine serves the policy again
     del check
     # What a separate engine copy (W > 1 workers) pays to receive the adapter: gather to CPU and
@@ -552,7 +553,7 @@ def _update_with_recompute(worker, episodes, advantages, device: torch.device) -
     try:
         _sync(device)
         t0 = time.perf_counter()
-        worker.update(episodes, advantages.flatten().tolist(), seed=10_001)
+        worker.update(episodes, advantages, seed=10_001)
         _sync(device)
         out = {"update_s": time.perf_counter() - t0}
     finally:
@@ -570,7 +571,7 @@ def _profiled_update(worker, episodes, advantages, device: torch.device, rows: i
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     _release(device)
     with profile(activities=activities) as prof:
-        worker.update(episodes, advantages.flatten().tolist(), seed=10_002)
+        worker.update(episodes, advantages, seed=10_002)
         _sync(device)
     key = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     events = prof.key_averages()

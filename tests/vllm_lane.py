@@ -5,6 +5,9 @@ does, so an absent or broken vLLM (an import error such as a torchvision without
 version vlrl does not support) fails the test; and any skip of a test marked `vllm` is turned
 into a failure (`pytest_runtest_makereport`, which tests/conftest.py installs). Elsewhere (the
 main lane, a laptop without vLLM) those tests skip.
+
+It also holds the two helpers the vLLM engine tests share: random LoRA B weights in a policy, and
+first-turn prompts of the train split.
 """
 
 from __future__ import annotations
@@ -54,3 +57,27 @@ def pytest_runtest_makereport(item, call):
         reason = reason.removeprefix("Skipped: ")
         report.outcome = "failed"
         report.longrepr = f"a vllm test was skipped in the vLLM lane ({LANE_ENV}=1), where it must run: {reason}"
+
+
+def set_lora_b(worker, seed: int, scale: float) -> None:
+    """Random non-zero LoRA B everywhere in `worker`'s policy (language model and vision tower), so
+    the adapter changes outputs."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in worker.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+
+
+def first_prompts(worker, count: int, start: int = 0) -> list:
+    """The first-turn prompts of train tasks start .. start + count - 1, in `worker`'s chat format."""
+    from vlrl.envs.base import build_split, make_env
+
+    split = build_split(worker.config.env, "train")
+    out = []
+    for i in range(start, start + count):
+        env = make_env(worker.config.env)
+        out.append(worker.chat.prompt(env.system_prompt, env.reset(split[i])))
+    return out

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 import torch
-from vllm_lane import require_vllm
+from vllm_lane import first_prompts, require_vllm, set_lora_b
 
-from vlrl.envs.base import build_split, make_env
+from vlrl.envs.base import build_split
 from vlrl.errors import VlrlError
 from vlrl.rollout.engine import SamplingParams
 from vlrl.rollout.episodes import run_episodes
@@ -70,21 +70,8 @@ def pair(vllm_module, ci_model_dir):
 
 def _set_adapter(worker, engine, seed: int, version: int, scale: float = 0.3) -> float:
     """Random LoRA B weights (so the adapter changes outputs) in the policy, then synced to vLLM."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in worker.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+    set_lora_b(worker, seed, scale)
     return engine.update_adapter(worker.adapter_state(), version)
-
-
-def _first_prompts(worker, count: int, start: int = 0):
-    split = build_split(worker.config.env, "train")
-    prompts = []
-    for i in range(start, start + count):
-        env = make_env(worker.config.env)
-        prompts.append(worker.chat.prompt(env.system_prompt, env.reset(split[i])))
-    return prompts
 
 
 def _worst_logprob_gap(a, b) -> float:
@@ -100,7 +87,7 @@ def _worst_logprob_gap(a, b) -> float:
 def test_greedy_parity_on_image_prompts(pair):
     worker, engine = pair
     _set_adapter(worker, engine, seed=1, version=1)
-    prompts = _first_prompts(worker, 4)
+    prompts = first_prompts(worker, 4)
     hf = worker.engine.generate(prompts, GREEDY)
     vl = engine.generate(prompts, GREEDY)
     assert [[c.token_ids for c in p] for p in vl] == [[c.token_ids for c in p] for p in hf]
@@ -145,7 +132,7 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution(pair):
     (logits / T, vision tokens removed), and seeds make sampling reproducible."""
     worker, engine = pair
     _set_adapter(worker, engine, seed=3, version=3, scale=0.05)
-    prompts = _first_prompts(worker, 2)
+    prompts = first_prompts(worker, 2)
     params = SamplingParams(temperature=0.7, max_new_tokens=8, n=4, seed=11)
     out = engine.generate(prompts + prompts[:1], params)  # the first prompt twice
     again = engine.generate(prompts + prompts[:1], params)
@@ -184,7 +171,7 @@ def test_after_an_optimizer_step_vllm_serves_the_updated_policy(pair):
     episodes = run_episodes(
         engine, worker.chat, short, [tasks[0]], 4, worker.sampling_params(seed=5), worker.config.rollout.max_model_len
     )
-    prompts = _first_prompts(worker, 3)
+    prompts = first_prompts(worker, 3)
     before = engine.generate(prompts, GREEDY)
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(episodes))]
     worker.update(episodes, advantages, seed=0)
@@ -202,7 +189,7 @@ def test_after_an_optimizer_step_vllm_serves_the_updated_policy(pair):
 def test_no_stale_adapter_after_many_syncs(pair):
     """Each sync gets a fresh adapter id and name; reusing one would serve cached old weights."""
     worker, engine = pair
-    prompts = _first_prompts(worker, 1, start=5)
+    prompts = first_prompts(worker, 1, start=5)
     seen = []
     for k, seed in enumerate([10, 11, 10, 12]):  # seed 10 twice: back to an earlier adapter
         _set_adapter(worker, engine, seed=seed, version=100 + k)
@@ -223,7 +210,7 @@ def test_no_stale_adapter_after_many_syncs(pair):
 def test_a_refused_adapter_leaves_the_served_one_in_place(pair):
     worker, engine = pair
     _set_adapter(worker, engine, seed=30, version=30)
-    prompts = _first_prompts(worker, 1)
+    prompts = first_prompts(worker, 1)
     with pytest.raises(VlrlError, match="vLLM refused adapter version 31"):
         engine.update_adapter({"not.a.lora.weight": torch.zeros(2, 2)}, 31)
     assert engine.adapter_version == 30
@@ -248,7 +235,7 @@ def test_disk_transport_serves_fresh_adapters_and_cleans_up(pair, ci_model_dir):
         adapter_transport="disk",
     )
     try:
-        prompts = _first_prompts(worker, 2)
+        prompts = first_prompts(worker, 2)
         for k, seed in enumerate([20, 21, 20]):
             _set_adapter(worker, engine, seed=seed, version=k + 1)
             assert (
@@ -270,7 +257,7 @@ def test_sleep_is_skipped_on_cpu_and_bad_prompts_are_refused(pair, caplog):
         engine.wake_up()
         engine.sleep()
     assert sum("sleep mode does not exist on CPU" in r.message for r in caplog.records) <= 1
-    prompt = _first_prompts(worker, 1)[0]
+    prompt = first_prompts(worker, 1)[0]
     prompt.images = []  # placeholders without their image
     with pytest.raises(VlrlError, match="image placeholder"):
         engine.generate([prompt], GREEDY)
@@ -317,7 +304,7 @@ def test_vision_tower_lora_is_served_not_dropped(vision_pair):
     as the transformers policy, and zeroing the vision half changes vLLM's answers."""
     worker, engine = vision_pair
     assert any(".visual." in k for k in worker.adapter_state())
-    prompts = _first_prompts(worker, 4)
+    prompts = first_prompts(worker, 4)
     _set_adapter(worker, engine, seed=40, version=1)  # every lora_B, vision ones included
     with_vision = engine.generate(prompts, GREEDY)
     assert _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), with_vision) < LOGPROB_TOL
@@ -346,7 +333,7 @@ def test_a_failing_in_memory_load_falls_back_to_files_for_good(pair, monkeypatch
         real(vllm_worker, lora_id, tensors, {**config, "r": 100_000})
 
     monkeypatch.setattr(vllm_compat, "register_memory_adapter", broken)
-    prompts = _first_prompts(worker, 2)
+    prompts = first_prompts(worker, 2)
     try:
         with caplog.at_level(logging.WARNING, logger="vlrl.rollout.vllm_engine"):
             _set_adapter(worker, engine, seed=50, version=50)
@@ -392,7 +379,7 @@ def test_split_adapter_served_by_plain_vllm_is_the_trained_policy(vision_pair, c
     try:
         engine.update_adapter(load_file(str(adapter_dir / "adapter_model.safetensors")), 1)
         assert engine._vision_base is None  # nothing merged by the engine: plain vLLM LoRA
-        prompts = _first_prompts(worker, 4)
+        prompts = first_prompts(worker, 4)
         assert (
             _worst_logprob_gap(worker.engine.generate(prompts, GREEDY), engine.generate(prompts, GREEDY)) < LOGPROB_TOL
         )

@@ -16,9 +16,9 @@ import os
 
 import pytest
 import torch
-from vllm_lane import require_vllm
+from vllm_lane import first_prompts, require_vllm, set_lora_b
 
-from vlrl.envs.base import build_split, make_env
+from vlrl.envs.base import build_split
 from vlrl.errors import VlrlError
 from vlrl.rollout.engine import SamplingParams
 from vlrl.rollout.episodes import run_episodes
@@ -77,26 +77,8 @@ def trio(vllm_module, ci_model_dir):
     adapter.close()
 
 
-def _set_lora_b(worker, seed: int, scale: float) -> None:
-    """Random non-zero LoRA B everywhere (language model and vision tower)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in worker.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * scale)
-
-
 def _sync(worker, engines, version: int) -> list[float]:
     return [e.update_adapter(worker._engine_adapter_state(e), version) for e in engines]
-
-
-def _prompts(worker, count: int, start: int = 0):
-    split = build_split(worker.config.env, "train")
-    out = []
-    for i in range(start, start + count):
-        env = make_env(worker.config.env)
-        out.append(worker.chat.prompt(env.system_prompt, env.reset(split[i])))
-    return out
 
 
 def _sampled_gap(worker, prompts, completions, temperature: float) -> float:
@@ -124,10 +106,10 @@ def test_merged_mode_serves_the_trained_policy_like_the_adapter_mode(trio):
     in both modes; and the merge matters (the base alone gives other log-probs)."""
     worker, merged, adapter = trio
     assert any(".visual." in k for k in worker.adapter_state())
-    _set_lora_b(worker, seed=1, scale=0.05)
+    set_lora_b(worker, seed=1, scale=0.05)
     _sync(worker, (merged, adapter), 1)
     assert merged.merge_path == "reload"  # the CPU build repacks linear weights (vllm_compat.weights_load_path)
-    prompts = _prompts(worker, 3)
+    prompts = first_prompts(worker, 3)
     params = SamplingParams(temperature=0.7, max_new_tokens=8, n=4, seed=7)
     gaps = {}
     for name, engine in (("merged", merged), ("adapter", adapter)):
@@ -148,7 +130,7 @@ def test_merged_mode_multi_turn_episodes_with_images_match_the_policy(trio):
     """Whole greedy maze episodes (several images per conversation) from the merged engine equal
     the transformers policy's token for token, log-probs within tolerance."""
     worker, merged, _ = trio
-    _set_lora_b(worker, seed=2, scale=0.3)
+    set_lora_b(worker, seed=2, scale=0.3)
     _sync(worker, (merged,), 2)
     tasks = build_split(worker.config.env, "train")
     tasks = [tasks[i] for i in range(2)]
@@ -180,10 +162,10 @@ def test_every_merge_starts_from_the_pristine_base(trio, monkeypatch):
         return load(llm, weights, path, **kwargs)
 
     monkeypatch.setattr(vllm_compat, "load_merged_weights", spy)
-    prompts = _prompts(worker, 3, start=4)
+    prompts = first_prompts(worker, 3, start=4)
     answers, salts = [], []
     for version, seed in ((10, 21), (11, 22), (12, 21)):
-        _set_lora_b(worker, seed=seed, scale=0.3)
+        set_lora_b(worker, seed=seed, scale=0.3)
         _sync(worker, (merged,), version)
         salts.append(merged._cache_salt)
         answers.append(merged.generate(prompts, GREEDY))
@@ -214,10 +196,10 @@ def test_the_pristine_copy_serves_the_same_weights_as_the_policy_base(trio, copy
     """`rollout.merged_base=copy`: the engine keeps its own copy of the targeted checkpoint
     tensors; it serves exactly what the policy-base engine serves."""
     worker, merged, _ = trio
-    _set_lora_b(worker, seed=3, scale=0.2)
+    set_lora_b(worker, seed=3, scale=0.2)
     _sync(worker, (merged, copy_engine), 3)
     assert copy_engine._pristine and all(t.device.type == "cpu" for t in copy_engine._pristine.values())
-    prompts = _prompts(worker, 2)
+    prompts = first_prompts(worker, 2)
     a, b = merged.generate(prompts, GREEDY), copy_engine.generate(prompts, GREEDY)
     assert [[c.token_ids for c in p] for p in a] == [[c.token_ids for c in p] for p in b]
     assert [[c.logprobs for c in p] for p in a] == [[c.logprobs for c in p] for p in b]
@@ -226,9 +208,9 @@ def test_the_pristine_copy_serves_the_same_weights_as_the_policy_base(trio, copy
 @pytest.mark.vllm
 def test_an_adapter_that_does_not_fit_leaves_the_served_weights(trio):
     worker, merged, _ = trio
-    _set_lora_b(worker, seed=4, scale=0.2)
+    set_lora_b(worker, seed=4, scale=0.2)
     _sync(worker, (merged,), 4)
-    prompts = _prompts(worker, 2)
+    prompts = first_prompts(worker, 2)
     before = merged.generate(prompts, GREEDY)
     state = worker._engine_adapter_state(merged)
     key = next(k for k in state if "lora_B" in k)
@@ -279,7 +261,7 @@ def test_a_worker_with_merged_vllm_trains_and_reports_the_gap(vllm_module, ci_co
         stats = worker.update(episodes, [1.0 if i % 2 else -1.0 for i in range(len(episodes))], seed=0)
         assert stats["logprob_diff_max"] < LOGPROB_TOL, dict(stats)
         worker.sync_adapter(1)
-        prompts = _prompts(worker, 2)
+        prompts = first_prompts(worker, 2)
         gap = _sampled_gap(
             worker, prompts, worker.engine.generate(prompts, SamplingParams(temperature=1.0, n=2, seed=3)), 1.0
         )
@@ -334,11 +316,11 @@ def test_sleep_level_2_rewrites_every_weight_from_the_base_and_the_last_merged_a
     from vlrl.rollout import vllm_compat
 
     worker, merged, _ = trio
-    _set_lora_b(worker, seed=6, scale=0.2)
+    set_lora_b(worker, seed=6, scale=0.2)
     _sync(worker, (merged, rewrite_engine), 6)
     names = checkpoint_tensor_names(ci_model_dir)
     assert set(rewrite_engine._merge_names) == set(names)
-    prompts = _prompts(worker, 2)
+    prompts = first_prompts(worker, 2)
     served = rewrite_engine.generate(prompts, GREEDY)
     level_1 = merged.generate(prompts, GREEDY)
     assert [[c.token_ids for c in p] for p in served] == [[c.token_ids for c in p] for p in level_1]
@@ -350,7 +332,7 @@ def test_sleep_level_2_rewrites_every_weight_from_the_base_and_the_last_merged_a
     dropped = rewrite_engine.generate(prompts, GREEDY)
     assert [[c.logprobs for c in p] for p in dropped] != [[c.logprobs for c in p] for p in served]
 
-    _set_lora_b(worker, seed=7, scale=0.2)  # the policy moves on; the engine has not been synced
+    set_lora_b(worker, seed=7, scale=0.2)  # the policy moves on; the engine has not been synced
     rewrite_engine._weights_dropped = True  # the state a level-2 sleep leaves on a GPU
     rewrite_engine.wake_up()
     again = rewrite_engine.generate(prompts, GREEDY)

@@ -109,17 +109,22 @@ def merged_vision_weights(
     return merged_weights(base, pairs, lora_config)
 
 
+def _checkpoint_files(model_dir: str | os.PathLike) -> list[Path]:
+    """The safetensors files of a checkpoint directory (one file or sharded), in name order."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base weights")
+    return files
+
+
 def read_checkpoint_tensors(
     model_dir: str | os.PathLike, names: set[str], device: str | torch.device = "cpu"
 ) -> dict[str, torch.Tensor]:
     """The named tensors of a safetensors checkpoint directory (one file or sharded), on `device`."""
     from safetensors import safe_open
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base weights")
     found: dict[str, torch.Tensor] = {}
-    for file in files:
+    for file in _checkpoint_files(model_dir):
         with safe_open(str(file), framework="pt", device=str(device)) as handle:
             for name in set(handle.keys()) & (names - set(found)):
                 found[name] = handle.get_tensor(name)
@@ -133,11 +138,8 @@ def checkpoint_tensor_names(model_dir: str | os.PathLike) -> list[str]:
     """Every tensor name of a safetensors checkpoint directory (one file or sharded), from the headers."""
     from safetensors import safe_open
 
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise VlrlError(f"{model_dir} has no *.safetensors files; cannot read the base weights")
     names: set[str] = set()
-    for file in files:
+    for file in _checkpoint_files(model_dir):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             names.update(handle.keys())
     return sorted(names)

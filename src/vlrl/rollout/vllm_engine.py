@@ -138,7 +138,9 @@ class VLLMEngine(RolloutEngine):
             raise VlrlError(_MERGED_NEEDS_IN_PROCESS)
         self.lora_mode = lora_mode
         if sleep_level not in (1, 2) or (sleep_level == 2 and lora_mode != "merged"):
-            raise VlrlError(f"sleep_level 2 needs lora_mode 'merged'; got sleep_level={sleep_level!r}, {lora_mode!r}")
+            raise VlrlError(
+                f"sleep_level must be 1, or 2 with lora_mode 'merged'; got sleep_level={sleep_level!r}, {lora_mode!r}"
+            )
         self.sleep_level = sleep_level
         self._weights_dropped = False  # level 2: asleep, or awake with weights not yet rewritten
         self._served: dict[str, torch.Tensor] = {}  # level 2: the adapter last merged, to rewrite on a wake
