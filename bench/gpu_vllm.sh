@@ -7,6 +7,7 @@
 #   OUT=DIR bash bench/gpu_vllm.sh checks   # bench/gpu_vllm_checks.py + a 5-step train with vLLM rollouts
 #   OUT=DIR bash bench/gpu_vllm.sh bench    # 8B-shape step: vlrl + vLLM (GRPOTrainer.step), decode sweep
 #   OUT=DIR bash bench/gpu_vllm.sh bench-trl   # the same workload through TRL + its colocated vLLM, then TRL alone
+#   OUT=DIR bash bench/gpu_vllm.sh bench-all   # bench then bench-trl in one command (~8 minutes): the same run
 #   OUT=DIR bash bench/gpu_vllm.sh reference   # one GPU's share of configs/qwen3vl-8b-6gpu.yaml, vLLM engine
 #   OUT=DIR bash bench/gpu_vllm.sh reference-hf   # the same with the transformers engine
 #   OUT=DIR bash bench/gpu_vllm.sh serve    # vlrl serve under load, with swaps
@@ -41,6 +42,41 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, '| tra
 
 TINY=/tmp/tiny-ci
 M8B=/tmp/m8b
+
+left() { echo $((590 - $(date +%s) + T0)); }   # seconds left of this command's ~10 minutes
+vlrl_bench() {  # $1: the first attempt's time limit
+  # vlrl's side: GRPOTrainer.step with one local worker and its colocated vLLM engine (what `vlrl train` runs).
+  stamp "vlrl, vLLM engine colocated (8B shape)"
+  # rollout.sleep_level auto (2 with merged weights); should that fail, the same with level 1, so the
+  # call still measures a step.
+  local args="--engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 --decode-sweep 64,256 \
+    --gpu-memory-utilization 0.35 --peak-tflops 790"
+  # shellcheck disable=SC2086
+  timeout "$1" python3 bench/grpo_bench.py $args --out "$OUT/vlrl_vllm.json"
+  local rc=$?
+  echo "bench exit $rc"
+  if [ $rc -ne 0 ] && [ "$(left)" -gt 240 ]; then
+    stamp "again with rollout.sleep_level=1"
+    # shellcheck disable=SC2086
+    timeout "$(left)" python3 bench/grpo_bench.py $args --sleep-level 1 --out "$OUT/vlrl_vllm.json"
+    echo "bench (sleep level 1) exit $?"
+  fi
+}
+trl_bench() {
+  # TRL with and without vLLM on the same workload and weights; merged with vlrl's side into one table.
+  stamp "TRL GRPOTrainer + colocated vLLM, same workload, same GPU"
+  timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 bench/grpo_bench.py --trl-only --compare trl-vllm \
+    --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 --gpu-memory-utilization 0.3 --out "$OUT/trl_vllm.json"
+  echo "trl-vllm exit $?"
+  stamp "TRL GRPOTrainer, transformers generation, same workload, same GPU"
+  timeout "$(( $(left) < 240 ? $(left) : 240 ))" python3 bench/grpo_bench.py --trl-only --compare trl \
+    --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 --out "$OUT/trl.json"
+  echo "trl exit $?"
+  local parts="" f
+  for f in vlrl_vllm trl_vllm trl; do [ -f "$OUT/$f.json" ] && parts="$parts $OUT/$f.json"; done
+  # shellcheck disable=SC2086
+  [ -f "$OUT/vlrl_vllm.json" ] && python3 bench/grpo_bench.py --merge $parts --out "$OUT/side_by_side.json"
+}
 case "$MODE" in
 serve)
   stamp "serving: vlrl serve on the GPU (tiny model, two adapters), 32 then 128 clients, a swap in each phase"
@@ -64,32 +100,15 @@ checks)
   cp /tmp/runs/maze9-vllm/metrics.jsonl "$OUT/train_maze9_vllm_metrics.jsonl" 2>/dev/null
   ;;
 bench)
-  # vlrl's side: GRPOTrainer.step with one local worker and its colocated vLLM engine (what `vlrl train` runs).
-  stamp "vlrl, vLLM engine colocated (8B shape)"
-  # rollout.sleep_level auto (2 with merged weights); should that fail, the same with level 1, so the
-  # call still measures a step.
-  args="--engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 --decode-sweep 64,256 \
-    --gpu-memory-utilization 0.35 --peak-tflops 790"
-  timeout 400 python3 bench/grpo_bench.py $args --out "$OUT/vlrl_vllm.json"
-  rc=$?
-  echo "bench exit $rc"
-  if [ $rc -ne 0 ]; then
-    stamp "again with rollout.sleep_level=1"
-    timeout $((590 - $(date +%s) + T0)) python3 bench/grpo_bench.py $args --sleep-level 1 --out "$OUT/vlrl_vllm.json"
-    echo "bench (sleep level 1) exit $?"
-  fi
+  vlrl_bench 400
   ;;
 bench-trl)
-  # TRL with and without vLLM on the same workload and weights; merged with vlrl's side into one table.
-  stamp "TRL GRPOTrainer + colocated vLLM, same workload, same GPU"
-  timeout 300 python3 bench/grpo_bench.py --trl-only --compare trl-vllm --model qwen3vl-8b-shape --model-dir $M8B \
-    --warmup 1 --steps 2 --gpu-memory-utilization 0.3 --out "$OUT/trl_vllm.json"
-  stamp "TRL GRPOTrainer, transformers generation, same workload, same GPU"
-  timeout 240 python3 bench/grpo_bench.py --trl-only --compare trl --model qwen3vl-8b-shape --model-dir $M8B \
-    --warmup 1 --steps 2 --out "$OUT/trl.json"
-  parts=""
-  for f in vlrl_vllm trl_vllm trl; do [ -f "$OUT/$f.json" ] && parts="$parts $OUT/$f.json"; done
-  [ -f "$OUT/vlrl_vllm.json" ] && python3 bench/grpo_bench.py --merge $parts --out "$OUT/side_by_side.json"
+  trl_bench
+  ;;
+bench-all)
+  # Both sides in one command, one after the other on the same GPU: the same-run comparison.
+  vlrl_bench 330
+  trl_bench
   ;;
 reference|reference-hf)
   # The seed's workload: one GPU's share of configs/qwen3vl-8b-6gpu.yaml through the trainer, vLLM or transformers.

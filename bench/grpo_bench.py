@@ -76,7 +76,9 @@ class BenchSettings:
     compile_decode: bool = False
     lora_mode: str = "auto"  # vllm engine: rollout.lora_mode (auto: merged on GPU)
     sleep_level: str = "auto"  # vllm engine on GPU: rollout.sleep_level (auto: 2 with merged weights)
+    lora_compute_dtype: str = "base"  # model.lora.compute_dtype: base (autocast in bf16) | float32 (PEFT's upcast)
     probe_recompute: bool = True  # one more update with activation recomputation on: its time and peak memory
+    probe_lora_upcast: bool = True  # one more update with the other model.lora.compute_dtype: its time and peak
     profile_update: bool = True  # one more update under torch.profiler: the ops that hold it, by device time
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time
     compare: list[str] = field(default_factory=list)  # "trl" (transformers generation) and/or "trl-vllm"
@@ -242,6 +244,7 @@ def bench_config(settings: BenchSettings, model_dir: Path, run_root: Path):
             f"model.lora.rank={settings.lora_rank}",
             f"model.lora.alpha={settings.lora_alpha}",
             "model.lora.dropout=0.0",
+            f"model.lora.compute_dtype={settings.lora_compute_dtype}",
             "env.name=maze_plan",
             f"env.sizes=[{settings.maze_size}]",
             f"env.cell_px={settings.cell_px}",
@@ -484,6 +487,9 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
     update_probes = {}
     if settings.probe_recompute:
         update_probes["recompute"] = _update_with_recompute(worker, check, advantages, device)
+    if settings.probe_lora_upcast:
+        other = "float32" if settings.lora_compute_dtype == "base" else "base"
+        update_probes[f"lora_compute_{other}"] = _update_with_lora_compute(worker, check, advantages, device, other)
     if settings.profile_update:
         update_probes["profile"] = _profiled_update(worker, check, advantages, device)
     worker.sync_adapter(10_000)  # the engine serves the policy again
@@ -561,6 +567,26 @@ def _update_with_recompute(worker, episodes, advantages, device: torch.device) -
     if device.type == "cuda":
         out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     print(f"[vlrl] update with activation recomputation: {out}", flush=True)
+    return out
+
+
+def _update_with_lora_compute(worker, episodes, advantages, device: torch.device, compute_dtype: str):
+    """One update of `episodes` with the other `model.lora.compute_dtype` (switched back after): its
+    time and peak memory, beside the step's update, on the same episodes in the same process."""
+    policy = worker.policy
+    _release(device)
+    policy.use_lora_compute_dtype(compute_dtype)
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        worker.update(episodes, advantages, seed=10_003)
+        _sync(device)
+        out = {"update_s": time.perf_counter() - t0}
+    finally:
+        policy.use_lora_compute_dtype(worker.config.model.lora.compute_dtype)
+    if device.type == "cuda":
+        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    print(f"[vlrl] update with model.lora.compute_dtype={compute_dtype}: {out}", flush=True)
     return out
 
 
@@ -1051,6 +1077,13 @@ def format_table(result: dict[str, Any]) -> str:
             r = probes["recompute"]
             peak = f", peak {r['peak_allocated_gib']:.1f} GiB" if "peak_allocated_gib" in r else ""
             lines.append(f"update with activation recomputation: {r['update_s']:.2f} s{peak}")
+        for key in ("lora_compute_float32", "lora_compute_base"):
+            if key in probes:
+                r = probes[key]
+                peak = f", peak {r['peak_allocated_gib']:.1f} GiB" if "peak_allocated_gib" in r else ""
+                lines.append(
+                    f"update with model.lora.compute_dtype={key.rsplit('_', 1)[1]}: {r['update_s']:.2f} s{peak}"
+                )
         for op in probes.get("profile", {}).get("top", [])[:8]:
             lines.append(f"  update op {op['op'][:48]:<48} {op['share']:>6.1%}")
     if "trl_over_vlrl_step_time" in result:

@@ -24,6 +24,13 @@ class LoraConfig(Section):
         description="Linear layers of the language model that get LoRA adapters.",
     )
     include_vision: bool = Field(False, description="Also adapt the vision tower's linear layers.")
+    compute_dtype: Literal["base", "float32"] = Field(
+        "base",
+        description="Dtype of the LoRA matmuls in the trainer's forward and backward. `base`: the base model's "
+        "(a bfloat16/float16 base runs its forward under autocast, so each LoRA input stays in that dtype; the "
+        "adapter's float32 weights stay the optimizer's master copy). `float32`: PEFT's upcast, which copies every "
+        "LoRA input to float32 and keeps that copy for the backward. The same thing on a float32 base.",
+    )
 
 
 # The presets of `vlrl.models.tiny.build_tiny_model` (one list: the model builder and the CLI read it here).

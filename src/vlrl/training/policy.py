@@ -72,6 +72,44 @@ def lr_lambda(config: RunConfig, total_steps: int):
     return factor
 
 
+def lora_autocast_dtype(model: Any, compute_dtype: str) -> torch.dtype | None:
+    """The autocast dtype of the policy's forward, or None (no autocast).
+
+    PEFT keeps LoRA weights in float32 on a half-precision base and casts every LoRA layer's input
+    to float32 to match them: on an 8B model that is a float32 copy of each projection's input,
+    kept for the backward, and float32 adds and scalings after it. With `model.lora.compute_dtype
+    = base` the policy's forward switches that casting off and runs under autocast in the base's
+    dtype, so the LoRA matmuls take the same inputs as the frozen base and only the small LoRA
+    weights are cast (their float32 values stay the optimizer's master copy, so small updates are
+    not rounded away).
+    """
+    base_dtype = next((p.dtype for p in model.parameters() if not p.requires_grad), None)
+    if compute_dtype == "float32" or base_dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return base_dtype
+
+
+@contextlib.contextmanager
+def lora_input_casting_off(layers: list[Any]):
+    """PEFT's cast of each LoRA input to the adapter's dtype, off for an update or a scoring pass,
+    backward and recomputation included (a rollout engine may share the model and run it without
+    autocast, so the switch is put back after)."""
+    before = [getattr(layer, "cast_input_dtype_enabled", True) for layer in layers]
+    for layer in layers:
+        layer.cast_input_dtype_enabled = False
+    try:
+        yield
+    finally:
+        for layer, value in zip(layers, before):
+            layer.cast_input_dtype_enabled = value
+
+
+def _tuner_layers(model: Any) -> list[Any]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+
+
 class Policy:
     def __init__(
         self,
@@ -96,10 +134,23 @@ class Policy:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config, total_optimizer_steps))
         self.device = next(model.parameters()).device
         self.merge_size = spatial_merge_size(model)  # M-RoPE positions are computed on the CPU batch
+        self.use_lora_compute_dtype(config.model.lora.compute_dtype)
+
+    def use_lora_compute_dtype(self, compute_dtype: str) -> None:
+        """Switch `model.lora.compute_dtype` for the passes from here on (`base` or `float32`)."""
+        self.autocast_dtype = lora_autocast_dtype(self.model, compute_dtype)
+        self._lora_layers = [] if self.autocast_dtype is None else _tuner_layers(self.model)
 
     # -- scoring -------------------------------------------------------------------------
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**forward_inputs(batch, self.device, self.merge_size), use_cache=False).logits
+        inputs = forward_inputs(batch, self.device, self.merge_size)
+        if self.autocast_dtype is None:
+            return self.model(**inputs, use_cache=False).logits
+        with lora_input_casting_off(self._lora_layers), torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            return self.model(**inputs, use_cache=False).logits
+
+    def _casting_off(self):
+        return lora_input_casting_off(self._lora_layers)
 
     def score(self, sequences: list[MultimodalSequence], with_adapter: bool = True, entropy: bool = False):
         """Log-probs (and optionally entropies) of every next token; [B, T-1] tensors plus the batch."""
@@ -216,6 +267,10 @@ class Policy:
                 f"the plan holds {len(plan.indices)} episodes, got {len(episodes)} episodes and {len(advantages)} "
                 "advantages"
             )
+        with self._casting_off():  # the backward (and any recomputation) too, not the forward only
+            return self._run_plan(episodes, advantages, plan)
+
+    def _run_plan(self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan) -> list[dict[str, float]]:
         at = {g: k for k, g in enumerate(plan.indices)}
         seqs = [e.sequence for e in episodes]
         start = time.perf_counter()
