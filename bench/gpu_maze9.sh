@@ -7,6 +7,15 @@
 #   OUT=DIR bash bench/gpu_maze9.sh grpo                 # GRPO, --resume auto
 #   OUT=DIR FINAL_GRPO_S=60 bash bench/gpu_maze9.sh final   # last GRPO step(s), evaluation, report
 #
+# The equal-compute A/B on an imperfect demonstrator (issue 32), two commands back to back:
+#   OUT=DIR DEMONSTRATOR=walker SFT_MIN=3 ARM_MIN=3 bash bench/gpu_maze9.sh walker         # shared start + arm A
+#   OUT=DIR DEMONSTRATOR=walker ARM_MIN=3 ARMS="grpo=..." bash bench/gpu_maze9.sh walker-final  # arm B + evaluation
+# `walker`: vision pretraining, SFT on the demonstrator for SFT_MIN (the shared start, WORK/sft-model),
+# then arm A: that SFT continued for ARM_MIN more minutes (WORK/sft-long-model; another train.seed,
+# so it draws other transcripts than the start's). `walker-final`: arm B, GRPO for ARM_MIN minutes
+# from the shared start; then the start, both arms and the demonstrator itself on the same holdout
+# and adversarial mazes, paired. SEED sets train.seed of every stage.
+#
 # OUT (default /tmp/gpu-maze9-out) receives the logs, histories, evaluation summaries and archives;
 # WORK (default /tmp/maze9) holds the models and runs between stages. BUDGET_S caps each command.
 # ARMS (below) trains several GRPO variants side by side from the same SFT model; give all three
@@ -20,7 +29,7 @@
 #     --platform manylinux_2_17_x86_64 -d .gpuwhl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # SMOKE=1 runs the same stages on a CPU with a tiny model and small budgets (a check of the script).
 set -uo pipefail
-STAGE=${1:?usage: bench/gpu_maze9.sh sft|grpo|final}
+STAGE=${1:?usage: bench/gpu_maze9.sh sft|grpo|final|walker|walker-final}
 OUT=${OUT:-/tmp/gpu-maze9-out}
 WORK=${WORK:-/tmp/maze9}
 mkdir -p "$OUT" "$WORK"
@@ -39,7 +48,9 @@ stamp "$STAGE $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 
 CFG=configs/gpu-maze9.yaml
-SET=(storage.root=$WORK/runs tracking.enabled=false)
+SET=(storage.root=$WORK/runs tracking.enabled=false train.seed=${SEED:-0})
+# DEMONSTRATOR: whose transcripts SFT imitates (train.sft.demonstrator): oracle (the config's) or walker.
+[ -n "${DEMONSTRATOR:-}" ] && SET+=(train.sft.demonstrator=$DEMONSTRATOR)
 if [ -n "${SMOKE:-}" ]; then
   SET+=(model.init_tiny=ci runtime.use_gpu=false runtime.torch_threads=2 train.sft.episodes=64 train.sft.batch_size=16
         train.sft.data_workers=1 algo.tasks_per_step=2 algo.group_size=4 algo.mini_batch_size=8 algo.micro_batch_size=8
@@ -200,6 +211,44 @@ PY
   cp $WORK/sft-model/sft_history.json "$FINAL/" 2>/dev/null
   cp "$FINAL/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
   tar czf "$OUT/maze9-final.tgz" -C "$FINAL" . && ls -la "$OUT"
+  ;;
+walker)
+  [ -n "${DEMONSTRATOR:-}" ] || { echo "walker: set DEMONSTRATOR (e.g. walker)"; exit 2; }
+  ARM_MIN=${ARM_MIN:?walker: set ARM_MIN, the minutes each arm gets after the shared start}
+  stamp "vision pretraining ($VISION_MIN min)"
+  $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model --overwrite
+  echo "pretrain-vision exit $?"
+  stamp "SFT on the $DEMONSTRATOR's transcripts ($SFT_MIN min): the shared start"
+  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/seeing-model model.init_tiny=null \
+    train.sft.max_minutes=$SFT_MIN -o $WORK/sft-model --overwrite
+  echo "sft exit $?"
+  cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
+  stamp "arm A: the same SFT for $ARM_MIN more minutes from the shared start"
+  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/sft-model model.init_tiny=null \
+    train.seed=$(( ${SEED:-0} + 1000 )) train.sft.max_minutes=$ARM_MIN -o $WORK/sft-long-model --overwrite
+  echo "sft-long exit $?"
+  cp $WORK/sft-long-model/sft_history.json "$OUT/sft_long_history.json" 2>/dev/null
+  ;;
+walker-final)
+  ARM_MIN=${ARM_MIN:?walker-final: set ARM_MIN, as for the walker stage}
+  grpo "$ARM_MIN"
+  for name in "${ARM_NAMES[@]}"; do  # finish each run at the step its time box ended (adapter + final check)
+    ARM_STEPS[$name]=$($PY -c "import json,sys; print(max(json.loads(l)['step'] for l in open(sys.argv[1])))" \
+      "$(run_dir "$name")/metrics.jsonl")
+  done
+  grpo 3
+  FINAL=$WORK/final
+  ARM_RUNS=()
+  for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
+  stamp "evaluation: the start, arm A (sft-long), arm B (${ARM_NAMES[*]}) and the $DEMONSTRATOR (greedy)"
+  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout adversarial} \
+    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}"
+  echo "eval exit $?"
+  for name in "${ARM_NAMES[@]}"; do
+    for f in metrics.jsonl evals.json run-events.jsonl; do cp "$(run_dir "$name")/$f" "$FINAL/$name-$f" 2>/dev/null; done
+  done
+  cp "$FINAL/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
+  tar czf "$OUT/maze9-walker-final.tgz" -C "$FINAL" . && ls -la "$OUT"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -87,6 +87,18 @@ def main() -> None:
         help="A GRPO run to evaluate (its adapter/ on the SFT model), repeatable.",
     )
     ap.add_argument(
+        "--full-model",
+        action="append",
+        default=[],
+        metavar="LABEL=MODEL_DIR",
+        help="A full-weight model to evaluate as it is (e.g. SFT given the arms' extra minutes), repeatable.",
+    )
+    ap.add_argument(
+        "--demonstrator",
+        action="store_true",
+        help="Also play train.sft.demonstrator on the same mazes (paired with every model).",
+    )
+    ap.add_argument(
         "--adversarial-arms",
         nargs="*",
         default=None,
@@ -104,6 +116,8 @@ def main() -> None:
     references = [
         m for m in [("base", str(work / "model"), None), ("sft", str(work / "sft-model"), None)] if m[0] in args.models
     ]
+    full = dict(a.split("=", 1) for a in args.full_model)
+    references += [(label, path, None) for label, path in full.items()]
     report: dict = {"config": args.config, "overrides": args.overrides, "arms": arms, "splits": {}}
     for split in args.splits:
         t0 = time.perf_counter()
@@ -117,6 +131,13 @@ def main() -> None:
             (label, str(work / "sft-model"), str(Path(run) / "adapter")) for label, run in chosen.items()
         ]
         results = evaluate_models(config, models, split=split, limit=n, greedy=True, out_dir=out / f"eval-{split}")
+        if args.demonstrator:  # the demonstrator's own play on the same mazes, paired like a model
+            from vlrl.envs.base import build_split
+            from vlrl.training.sft import demonstrator_result
+
+            walk = demonstrator_result(config, build_split(config.env, split)[:n], label="demonstrator")
+            walk.split = split
+            results.append(walk)
         seconds = time.perf_counter() - t0
         console.print(results_table(results, title=f"{split}: {n} mazes, greedy ({seconds:.0f} s)"))
         console.print(group_table(results))
@@ -130,7 +151,7 @@ def main() -> None:
             "summaries": {r.label: {k: v for k, v in r.summary().items() if k != "outcomes"} for r in results},
             "paired": {
                 f"{a}_vs_{b}": pair_results(by[a], by[b]).to_json()
-                for a, b in paired_order(list(chosen))
+                for a, b in paired_order(list(chosen), list(full), args.demonstrator)
                 if a in by and b in by
             },
         }
@@ -143,7 +164,8 @@ def main() -> None:
                 )
         report["splits"][split] = entry
     holdout = report["splits"].get("holdout", {}).get("summaries", {})
-    bands = {name: holdout[label] for name, label in (("base", "base"), ("SFT (start)", "sft")) if label in holdout}
+    named = [("base", "base"), ("SFT (start)", "sft"), *((label, label) for label in full), ("demonstrator",) * 2]
+    bands = {name: holdout[label] for name, label in named if label in holdout}
     report["learning_curves"] = {}
     for label, run in arms.items():
         run = Path(run)
@@ -165,11 +187,16 @@ def main() -> None:
         console.print(f"holdout {key}: {json.dumps(vs)}")
 
 
-def paired_order(arms: list[str]) -> list[tuple[str, str]]:
+def paired_order(arms: list[str], full: list[str] = (), demonstrator: bool = False) -> list[tuple[str, str]]:
     """Which pairs get the paired test: each arm against SFT and the base, SFT against the base,
-    and the arms against each other (the A/B itself)."""
+    the arms against each other, each arm against each full model (GRPO against more SFT: the
+    equal-compute A/B), the full models against SFT, and everything against the demonstrator."""
     pairs = [(a, "sft") for a in arms] + [("sft", "base")] + [(a, "base") for a in arms]
-    return pairs + [(a, b) for i, a in enumerate(arms) for b in arms[i + 1 :]]
+    pairs += [(a, b) for i, a in enumerate(arms) for b in arms[i + 1 :]]
+    pairs += [(a, f) for a in arms for f in full] + [(f, "sft") for f in full]
+    if demonstrator:
+        pairs += [(m, "demonstrator") for m in [*arms, *full, "sft"]]
+    return pairs
 
 
 if __name__ == "__main__":
