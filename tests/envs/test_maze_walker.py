@@ -80,3 +80,29 @@ def test_the_env_plays_its_demonstrator_and_refuses_unknown_names():
         if result.done:
             break
         pos = maze.move(pos, move)
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_the_walker_goes_on_from_wherever_noisy_turns_leave_the_agent(stochastic):
+    """SFT noise (train.sft.noise) plays random moves the walker did not choose, sometimes several in a
+    row: the walker must go on from the agent's real cell, never into a wall, and still find the goal
+    (once it kept a way back with a gap in it, and backtracking across the gap raised StopIteration)."""
+    tasks, _ = _tasks("configs/gpu-maze9.yaml", [], 150)
+    moves = ("up", "right", "down", "left")
+    for task in tasks:
+        maze, rng = maze_for_task(task), random.Random(task.seed)
+        walker = DfsWalker.for_maze(maze, random.Random(task.seed) if stochastic else None)
+        pos, stopped = maze.start, False
+        for _ in range(400):
+            if rng.random() < 0.4:  # a noisy turn: a random move, the walker not asked
+                pos = maze.move(pos, rng.choice(moves)) or pos
+                continue
+            move = walker.action(pos)
+            if move == "stop":
+                assert pos == maze.goal
+                stopped = True
+                break
+            nxt = maze.move(pos, move)
+            assert nxt is not None, f"the walker walked into a wall at {pos}"
+            pos = nxt
+        assert stopped, f"the walker did not find the goal of task {task.seed} in 400 turns"

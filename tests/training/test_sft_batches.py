@@ -48,3 +48,26 @@ def test_worker_batches_do_not_depend_on_the_worker_count(ci_model_dir, noise):
     for a, b in zip(one, two, strict=True):
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_stopiteration_while_playing_a_batch_fails_the_epoch_instead_of_ending_it(ci_model_dir, monkeypatch):
+    """A DataLoader worker takes StopIteration from its collate_fn for the end of the data: a demonstrator
+    bug once ended every SFT epoch after one batch without a word. It must fail the run instead."""
+    import vlrl.training.sft as sft
+
+    config = load_config("configs/ci-tiny.yaml", [f"model.path={ci_model_dir}", "train.sft.batch_size=2"])
+    chat = ChatFormat(load_processor(ci_model_dir))
+    split = build_split(config.env, "train")
+    tasks = [split[i] for i in range(6)]
+    broken = tasks[3].seed
+    play = sft.oracle_transcript
+
+    def demonstrator_with_a_bug(cfg, chat_format, task, rng):
+        if task.seed == broken:
+            next(iter(()))  # a StopIteration from deep inside a demonstrator
+        return play(cfg, chat_format, task, rng)
+
+    monkeypatch.setattr(sft, "oracle_transcript", demonstrator_with_a_bug)  # forked workers inherit it
+    batches = TranscriptBatches(config, chat, tasks, chat.tokenizer.pad_token_id)
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        list(batches.epoch(0, random.Random(0), workers=1))

@@ -224,12 +224,17 @@ class TranscriptBatches:
 
     def _play_batch(self, indices: list[int], epoch: int) -> dict[str, torch.Tensor]:
         torch.set_num_threads(1)  # many small workers, not one that takes every core
-        seqs = [
-            oracle_transcript(
-                self.config, self.chat, self.tasks[i], random.Random(f"{self.config.train.seed}/{epoch}/{i}")
-            )
-            for i in indices
-        ]
+        try:
+            seqs = [
+                oracle_transcript(
+                    self.config, self.chat, self.tasks[i], random.Random(f"{self.config.train.seed}/{epoch}/{i}")
+                )
+                for i in indices
+            ]
+        except StopIteration as exc:
+            # The DataLoader's worker takes a StopIteration from collate_fn for the end of the data and
+            # would end the epoch after this batch without a word; it is a bug in a demonstrator.
+            raise RuntimeError(f"playing SFT transcripts {indices[:4]}...: StopIteration ({exc!r})") from exc
         return self._collate(seqs)
 
 

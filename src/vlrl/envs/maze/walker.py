@@ -1,10 +1,10 @@
 """An imperfect demonstrator beside the BFS oracle: a depth-first walker.
 
 The walker sees what the agent sees: the maze's layout and the goal (the image), its own position
-and the cells it has visited (the conversation so far). It does not compute distances. At the start
+and the cells it has visited (the conversation so far). It never plans a way to the goal. At the start
 it fixes an order of preferred directions: the moves towards the goal first (the larger offset
 first), then the moves away from it. At each turn it takes the first open move in that order into a
-cell it has not visited; at a dead end it backtracks one cell along the way it came; on the goal it
+cell it has not visited; at a dead end it goes back along the way it came; on the goal it
 says `stop` (or the episode has ended, when `env.stop_required` is false). A depth-first search with
 a preferred branch: it always finds the goal of a perfect maze, but often after the turn limit, as
 an explorer does, not a planner (measured: bench/results/2026-12-03-cpu-demo-demonstrator/README.md).
@@ -18,21 +18,27 @@ Two kinds (`train.sft.demonstrator`):
 from __future__ import annotations
 
 import random
+from collections import deque
 
 from vlrl.envs.maze.maze import Cell, Maze
+from vlrl.envs.maze.oracle import shortest_path
 
 FIXED_ORDER = ("up", "right", "down", "left")
 
 
 class DfsWalker:
-    """Depth-first walk of one episode; `action(pos)` is the move at `pos` (the agent's real position)."""
+    """Depth-first walk of one episode; `action(pos)` is the move at `pos` (the agent's real position).
+
+    Its only state is the set of cells the agent stood on. At a dead end it takes the shortest way to
+    the nearest unvisited cell: in a perfect maze walked without noise that is backtracking along the
+    way it came (every unexplored branch hangs off that way, the deepest one nearest), and after turns
+    the walker did not choose (`train.sft.noise`) it goes on from wherever the agent really is."""
 
     def __init__(self, maze: Maze, order: tuple[str, ...] = FIXED_ORDER):
         if sorted(order) != sorted(FIXED_ORDER):
             raise ValueError(f"a walker's order must be the four moves once each, got {order}")
         self.maze, self.order = maze, tuple(order)
         self.visited: set[Cell] = {maze.start}
-        self.path: list[Cell] = [maze.start]  # the way from the start to here, without dead ends
 
     @classmethod
     def for_maze(cls, maze: Maze, rng: random.Random | None = None) -> DfsWalker:
@@ -41,27 +47,29 @@ class DfsWalker:
 
     def action(self, pos: Cell) -> str:
         """The walker's move at `pos`: `stop` on the goal, else forward to an unvisited cell, else back."""
-        if pos != self.path[-1]:  # the agent is elsewhere than the walk left it (a noisy turn): go on from there
-            self._arrive(pos)
+        # Only cells the agent stood on count as visited: a move the walker chose may not have been played.
+        self.visited.add(pos)
         if pos == self.maze.goal:
             return "stop"
         for move in self.order:
             nxt = self.maze.move(pos, move)
             if nxt is not None and nxt not in self.visited:
-                self._arrive(nxt)
                 return move
-        if len(self.path) < 2:  # everything reachable was visited (cannot happen in a connected maze)
-            return "stop"
-        self.path.pop()
-        back = self.path[-1]
-        return next(m for m in self.order if self.maze.move(pos, m) == back)
+        return self._towards_unvisited(pos)
 
-    def _arrive(self, cell: Cell) -> None:
-        if cell in self.path:
-            del self.path[self.path.index(cell) + 1 :]
-        else:
-            self.path.append(cell)
-        self.visited.add(cell)
+    def _towards_unvisited(self, pos: Cell) -> str:
+        """The first move of the shortest way to the nearest unvisited cell (`stop` if none is left)."""
+        seen, queue = {pos}, deque([pos])
+        while queue:
+            cell = queue.popleft()
+            if cell not in self.visited:
+                step = shortest_path(self.maze, pos, cell)[1]
+                return next(m for m in self.order if self.maze.move(pos, m) == step)
+            for nxt in self.maze.neighbours(cell):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    queue.append(nxt)
+        return "stop"  # everything reachable was visited (cannot happen in a connected maze)
 
 
 def preferred_order(maze: Maze, rng: random.Random | None = None) -> tuple[str, ...]:
