@@ -10,7 +10,7 @@ from vlrl.config import load_config
 from vlrl.envs.base import Task, build_split, make_env
 from vlrl.envs.maze.oracle import distances_to
 from vlrl.envs.maze.splits import maze_for_task
-from vlrl.envs.maze.walker import DfsWalker, preferred_order, walk
+from vlrl.envs.maze.walker import FIXED_ORDER, DfsWalker, preferred_order, walk
 from vlrl.errors import VlrlError
 
 
@@ -88,14 +88,13 @@ def test_the_walker_goes_on_from_wherever_noisy_turns_leave_the_agent(stochastic
     row: the walker must go on from the agent's real cell, never into a wall, and still find the goal
     (once it kept a way back with a gap in it, and backtracking across the gap raised StopIteration)."""
     tasks, _ = _tasks("configs/gpu-maze9.yaml", [], 150)
-    moves = ("up", "right", "down", "left")
     for task in tasks:
         maze, rng = maze_for_task(task), random.Random(task.seed)
         walker = DfsWalker.for_maze(maze, random.Random(task.seed) if stochastic else None)
         pos, stopped = maze.start, False
         for _ in range(400):
             if rng.random() < 0.4:  # a noisy turn: a random move, the walker not asked
-                pos = maze.move(pos, rng.choice(moves)) or pos
+                pos = maze.move(pos, rng.choice(FIXED_ORDER)) or pos
                 continue
             move = walker.action(pos)
             if move == "stop":

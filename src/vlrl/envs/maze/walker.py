@@ -21,7 +21,6 @@ import random
 from collections import deque
 
 from vlrl.envs.maze.maze import Cell, Maze
-from vlrl.envs.maze.oracle import shortest_path
 
 FIXED_ORDER = ("up", "right", "down", "left")
 
@@ -59,15 +58,21 @@ class DfsWalker:
 
     def _towards_unvisited(self, pos: Cell) -> str:
         """The first move of the shortest way to the nearest unvisited cell (`stop` if none is left)."""
-        seen, queue = {pos}, deque([pos])
+        # One BFS from `pos` that carries each cell's first move, so the way is not searched again.
+        first: dict[Cell, str] = {pos: "stop"}
+        queue: deque[Cell] = deque()
+        for move in self.order:
+            nxt = self.maze.move(pos, move)
+            if nxt is not None and nxt not in first:
+                first[nxt] = move
+                queue.append(nxt)
         while queue:
             cell = queue.popleft()
             if cell not in self.visited:
-                step = shortest_path(self.maze, pos, cell)[1]
-                return next(m for m in self.order if self.maze.move(pos, m) == step)
+                return first[cell]
             for nxt in self.maze.neighbours(cell):
-                if nxt not in seen:
-                    seen.add(nxt)
+                if nxt not in first:
+                    first[nxt] = first[cell]
                     queue.append(nxt)
         return "stop"  # everything reachable was visited (cannot happen in a connected maze)
 
