@@ -46,3 +46,31 @@ def test_time_boxed_run_pauses_and_resumes(ci_model_dir, tmp_path):
     assert second.exit_code == 0, second.output
     assert _steps(run) == [1, 2, 3]
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_time_boxed_run_can_finish_instead(ci_model_dir, tmp_path):
+    """`train.on_time_limit=finish`: the budget ends the run (an arm of an equal-time comparison):
+    exit 0, the final evaluation, checkpoint and adapter at the step the budget reached."""
+    runs = tmp_path / "runs"
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "configs/ci-tiny.yaml",
+            f"model.path={ci_model_dir}",
+            f"storage.root={runs}",
+            "storage.run_name=finish",
+            "runtime.backend=local",
+            "train.steps=3",
+            "train.eval_tasks=2",
+            "train.max_minutes=0.0001",
+            "train.on_time_limit=finish",
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    run = runs / "finish"
+    assert _steps(run) == [1]
+    assert [e["step"] for e in json.loads((run / "evals.json").read_text())] == [1]
+    assert (run / "checkpoints" / "step-000001").is_dir()
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()

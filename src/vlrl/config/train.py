@@ -207,6 +207,13 @@ class TrainConfig(Section):
         "of the last three steps), the run checkpoints and stops with exit status 75 (EX_TEMPFAIL); the same command "
         "with `--resume auto` continues it. None: no limit. For time-boxed jobs and preemptible slots.",
     )
+    on_time_limit: Literal["pause", "finish"] = Field(
+        "pause",
+        description="What `max_minutes` does when it runs out: `pause` (checkpoint, exit 75, resumable) or `finish` "
+        "(end the run there as if `steps` were reached: final evaluation, checkpoint, adapter, exit 0), for arms "
+        "compared at equal wall-clock time. The learning-rate schedule still runs over `steps`, so a `finish` arm "
+        "with a decaying schedule ends before its decay does.",
+    )
     eval_every: int = Field(0, ge=0, description="Evaluate on the holdout split every N steps (0: only at the end).")
     eval_tasks: int = Field(64, ge=1, description="Holdout tasks used by periodic evaluation.")
     checkpoint_every: int = Field(

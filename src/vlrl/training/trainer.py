@@ -364,6 +364,14 @@ class GRPOTrainer(RecoveryMixin):
                 and self.step_idx < c.steps
                 and time.monotonic() - self._started + max(recent) > 60 * c.max_minutes
             ):
+                if c.on_time_limit == "finish":
+                    log.info(
+                        "train.max_minutes (%g) ended the run after step %d of %d",
+                        c.max_minutes,
+                        self.step_idx,
+                        c.steps,
+                    )
+                    break
                 path = self.save_checkpoint()
                 raise TimeLimitReached(
                     f"train.max_minutes ({c.max_minutes:g}) reached after step {self.step_idx} of {c.steps}; "
