@@ -10,8 +10,8 @@
 # The equal-compute A/B on an imperfect demonstrator (issue 32), two commands back to back:
 #   OUT=DIR DEMONSTRATOR=walker SFT_MIN=3 ARM_MIN=3 bash bench/gpu_maze9.sh walker         # shared start + arm A
 #   OUT=DIR DEMONSTRATOR=walker ARM_MIN=3 ARMS="grpo=..." bash bench/gpu_maze9.sh walker-final  # arm B + evaluation
-# or all of it in one command (arms side by side on the GPU, holdout only), which needs no warm machine between calls:
-#   OUT=DIR DEMONSTRATOR=walker SFT_MIN=1.5 ARM_MIN=3 bash bench/gpu_maze9.sh walker-ab
+# or all of it in one command (the arms one after the other, holdout only), which needs no warm machine between calls:
+#   OUT=DIR DEMONSTRATOR=walker VISION_MIN=0.5 SFT_MIN=1 ARM_MIN=1.5 EVAL_N=200 bash bench/gpu_maze9.sh walker-ab
 # `walker`: vision pretraining, SFT on the demonstrator for SFT_MIN (the shared start, WORK/sft-model),
 # then arm A: that SFT continued for ARM_MIN more minutes (WORK/sft-long-model; another train.seed,
 # so it draws other transcripts than the start's). `walker-final`: arm B, GRPO for ARM_MIN minutes
@@ -254,9 +254,8 @@ walker-final)
   ;;
 walker-ab)
   # The whole equal-compute A/B in ONE command (a second command needs the machine still warm, which
-  # three tries lost): vision pretraining, the shared start, then arm A (SFT) and arm B (GRPO) side by
-  # side on the one GPU for ARM_MIN minutes each, then both, the start and the demonstrator on the same
-  # holdout mazes. Each arm's share of the GPU is logged per process (nvidia-smi pmon, gpu_pmon.txt).
+  # three tries lost): vision pretraining, the shared start, then arm A (SFT) and arm B (GRPO) for
+  # ARM_MIN minutes each, then both, the start and the demonstrator on the same holdout mazes.
   [ -n "${DEMONSTRATOR:-}" ] || { echo "walker-ab: set DEMONSTRATOR (e.g. walker)"; exit 2; }
   ARM_MIN=${ARM_MIN:?walker-ab: set ARM_MIN, the minutes each arm gets after the shared start}
   rm -rf "$WORK/runs"  # a repeated call on a warm machine starts over (grpo() resumes what it finds)
@@ -268,29 +267,27 @@ walker-ab)
     train.sft.max_minutes=$SFT_MIN -o $WORK/sft-model --overwrite
   echo "sft exit $?"
   cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
-  pmon=""
-  if command -v nvidia-smi >/dev/null; then nvidia-smi pmon -s u -d 5 > "$WORK/gpu_pmon.txt" 2>&1 & pmon=$!; fi
-  stamp "arm A (SFT, another train.seed) and arm B (GRPO: ${ARM_NAMES[*]}) side by side, $ARM_MIN min each"
-  ( $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/sft-model model.init_tiny=null \
-      train.seed=$(( ${SEED:-0} + 1000 )) train.sft.max_minutes=$ARM_MIN -o $WORK/sft-long-model --overwrite 2>&1
-    echo "sft-long exit $?" ) | sed -u "s/^/[sft-long] /" &
-  arm_a=$!
+  # The arms run one after the other, each with the whole GPU for ARM_MIN minutes: side by side, the
+  # full-weight SFT arm (79 GiB) and the GRPO arm (61 GiB) ran out of the H200's memory on GRPO's
+  # first update (bench/results/2026-12-04-h200-maze9-walker-ab/).
+  stamp "arm A: SFT on the $DEMONSTRATOR for $ARM_MIN more minutes (another train.seed)"
+  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/sft-model model.init_tiny=null \
+    train.seed=$(( ${SEED:-0} + 1000 )) train.sft.max_minutes=$ARM_MIN -o $WORK/sft-long-model --overwrite
+  echo "sft-long exit $?"
   # finish: the time box ends each GRPO arm with its adapter (no second, resuming command).
-  grpo "$ARM_MIN" train.on_time_limit=finish train.eval_every=0 train.checkpoint_every=0 train.eval_tasks=64
-  wait $arm_a
-  [ -n "$pmon" ] && kill $pmon 2>/dev/null
+  grpo "$ARM_MIN" train.on_time_limit=finish train.eval_every=0 train.checkpoint_every=0 train.eval_tasks=${ARM_EVAL_TASKS:-16}
   cp $WORK/sft-long-model/sft_history.json "$OUT/sft_long_history.json" 2>/dev/null
   FINAL=$WORK/final
   ARM_RUNS=()
   for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
   stamp "evaluation: the start, arm A (sft-long), arm B (${ARM_NAMES[*]}) and the $DEMONSTRATOR (greedy)"
   $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout} \
-    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}"
+    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}" \
+    ${EVAL_N:+env.holdout.count=$EVAL_N}  # EVAL_N: the first N holdout mazes (default: the config's count)
   echo "eval exit $?"
   for name in "${ARM_NAMES[@]}"; do
     for f in metrics.jsonl evals.json run-events.jsonl; do cp "$(run_dir "$name")/$f" "$FINAL/$name-$f" 2>/dev/null; done
   done
-  cp "$WORK/gpu_pmon.txt" "$FINAL/" 2>/dev/null
   cp "$FINAL/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
   tar czf "$OUT/maze9-walker-ab.tgz" -C "$FINAL" . && ls -la "$OUT"
   ;;
