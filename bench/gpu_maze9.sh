@@ -125,6 +125,44 @@ grpo() {  # every arm's GRPO for at most $1 minutes (each checkpoints and exits 
   return 0
 }
 
+need_walker_settings() {  # $1: the stage
+  [ -n "${DEMONSTRATOR:-}" ] || { echo "$1: set DEMONSTRATOR (e.g. walker)"; exit 2; }
+  [ -n "${ARM_MIN:-}" ] || { echo "$1: set ARM_MIN, the minutes each arm gets after the shared start"; exit 2; }
+}
+
+walker_start_and_arm_a() {  # $1: the stage. Vision pretraining, the shared start, arm A (SFT for ARM_MIN more minutes)
+  need_walker_settings "$1"
+  stamp "vision pretraining ($VISION_MIN min)"
+  $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model --overwrite
+  echo "pretrain-vision exit $?"
+  stamp "SFT on the $DEMONSTRATOR's transcripts ($SFT_MIN min): the shared start"
+  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/seeing-model model.init_tiny=null \
+    train.sft.max_minutes=$SFT_MIN -o $WORK/sft-model --overwrite
+  echo "sft exit $?"
+  cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
+  stamp "arm A: the same SFT for $ARM_MIN more minutes from the shared start (another train.seed)"
+  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/sft-model model.init_tiny=null \
+    train.seed=$(( ${SEED:-0} + 1000 )) train.sft.max_minutes=$ARM_MIN -o $WORK/sft-long-model --overwrite
+  echo "sft-long exit $?"
+  cp $WORK/sft-long-model/sft_history.json "$OUT/sft_long_history.json" 2>/dev/null
+}
+
+walker_eval() {  # $1: the stage (names the archive), $2: the splits. The start, both arms and the demonstrator, greedy
+  local final=$WORK/final name arm_runs=()
+  for name in "${ARM_NAMES[@]}"; do arm_runs+=(--arm "$name=$(run_dir "$name")"); done
+  stamp "evaluation: the start, arm A (sft-long), arm B (${ARM_NAMES[*]}) and the $DEMONSTRATOR (greedy)"
+  # shellcheck disable=SC2086
+  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$final" --splits $2 \
+    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${arm_runs[@]}" -- "${GRPO_SET[@]}" \
+    ${EVAL_N:+env.holdout.count=$EVAL_N}  # EVAL_N: the first N holdout mazes (default: the config's count)
+  echo "eval exit $?"
+  for name in "${ARM_NAMES[@]}"; do
+    for f in metrics.jsonl evals.json run-events.jsonl; do cp "$(run_dir "$name")/$f" "$final/$name-$f" 2>/dev/null; done
+  done
+  cp "$final/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
+  tar czf "$OUT/maze9-$1.tgz" -C "$final" . && ls -la "$OUT"
+}
+
 case "$STAGE" in
 sft)
   if [ -n "${OVERHEAD:-}" ] && [ -z "${SMOKE:-}" ]; then  # what the per-image loops cost on this GPU, and that the batched paths agree
@@ -215,21 +253,7 @@ PY
   tar czf "$OUT/maze9-final.tgz" -C "$FINAL" . && ls -la "$OUT"
   ;;
 walker)
-  [ -n "${DEMONSTRATOR:-}" ] || { echo "walker: set DEMONSTRATOR (e.g. walker)"; exit 2; }
-  ARM_MIN=${ARM_MIN:?walker: set ARM_MIN, the minutes each arm gets after the shared start}
-  stamp "vision pretraining ($VISION_MIN min)"
-  $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model --overwrite
-  echo "pretrain-vision exit $?"
-  stamp "SFT on the $DEMONSTRATOR's transcripts ($SFT_MIN min): the shared start"
-  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/seeing-model model.init_tiny=null \
-    train.sft.max_minutes=$SFT_MIN -o $WORK/sft-model --overwrite
-  echo "sft exit $?"
-  cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
-  stamp "arm A: the same SFT for $ARM_MIN more minutes from the shared start"
-  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/sft-model model.init_tiny=null \
-    train.seed=$(( ${SEED:-0} + 1000 )) train.sft.max_minutes=$ARM_MIN -o $WORK/sft-long-model --overwrite
-  echo "sft-long exit $?"
-  cp $WORK/sft-long-model/sft_history.json "$OUT/sft_long_history.json" 2>/dev/null
+  walker_start_and_arm_a walker
   ;;
 walker-final)
   ARM_MIN=${ARM_MIN:?walker-final: set ARM_MIN, as for the walker stage}
@@ -239,57 +263,20 @@ walker-final)
       "$(run_dir "$name")/metrics.jsonl")
   done
   grpo 3
-  FINAL=$WORK/final
-  ARM_RUNS=()
-  for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
-  stamp "evaluation: the start, arm A (sft-long), arm B (${ARM_NAMES[*]}) and the $DEMONSTRATOR (greedy)"
-  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout adversarial} \
-    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}"
-  echo "eval exit $?"
-  for name in "${ARM_NAMES[@]}"; do
-    for f in metrics.jsonl evals.json run-events.jsonl; do cp "$(run_dir "$name")/$f" "$FINAL/$name-$f" 2>/dev/null; done
-  done
-  cp "$FINAL/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
-  tar czf "$OUT/maze9-walker-final.tgz" -C "$FINAL" . && ls -la "$OUT"
+  walker_eval walker-final "${FINAL_SPLITS:-holdout adversarial}"
   ;;
 walker-ab)
   # The whole equal-compute A/B in ONE command (a second command needs the machine still warm, which
-  # three tries lost): vision pretraining, the shared start, then arm A (SFT) and arm B (GRPO) for
-  # ARM_MIN minutes each, then both, the start and the demonstrator on the same holdout mazes.
-  [ -n "${DEMONSTRATOR:-}" ] || { echo "walker-ab: set DEMONSTRATOR (e.g. walker)"; exit 2; }
-  ARM_MIN=${ARM_MIN:?walker-ab: set ARM_MIN, the minutes each arm gets after the shared start}
+  # three tries lost): the walker stage, arm B (GRPO) for ARM_MIN minutes, then both arms, the start
+  # and the demonstrator on the same holdout mazes. The arms run one after the other, each with the
+  # whole GPU: side by side, the full-weight SFT arm (79 GiB) and the GRPO arm (61 GiB) ran out of the
+  # H200's memory on GRPO's first update (bench/results/2026-12-04-h200-maze9-walker-ab/).
+  need_walker_settings walker-ab  # before anything is removed
   rm -rf "$WORK/runs"  # a repeated call on a warm machine starts over (grpo() resumes what it finds)
-  stamp "vision pretraining ($VISION_MIN min)"
-  $PY -m vlrl.cli model pretrain-vision $CFG "${SFT_SET[@]}" train.vision_pretrain.max_minutes=$VISION_MIN -o $WORK/seeing-model --overwrite
-  echo "pretrain-vision exit $?"
-  stamp "SFT on the $DEMONSTRATOR's transcripts ($SFT_MIN min): the shared start"
-  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/seeing-model model.init_tiny=null \
-    train.sft.max_minutes=$SFT_MIN -o $WORK/sft-model --overwrite
-  echo "sft exit $?"
-  cp $WORK/sft-model/sft_history.json "$OUT/" 2>/dev/null
-  # The arms run one after the other, each with the whole GPU for ARM_MIN minutes: side by side, the
-  # full-weight SFT arm (79 GiB) and the GRPO arm (61 GiB) ran out of the H200's memory on GRPO's
-  # first update (bench/results/2026-12-04-h200-maze9-walker-ab/).
-  stamp "arm A: SFT on the $DEMONSTRATOR for $ARM_MIN more minutes (another train.seed)"
-  $PY -m vlrl.cli sft $CFG "${SFT_SET[@]}" model.path=$WORK/sft-model model.init_tiny=null \
-    train.seed=$(( ${SEED:-0} + 1000 )) train.sft.max_minutes=$ARM_MIN -o $WORK/sft-long-model --overwrite
-  echo "sft-long exit $?"
+  walker_start_and_arm_a walker-ab
   # finish: the time box ends each GRPO arm with its adapter (no second, resuming command).
   grpo "$ARM_MIN" train.on_time_limit=finish train.eval_every=0 train.checkpoint_every=0 train.eval_tasks=${ARM_EVAL_TASKS:-16}
-  cp $WORK/sft-long-model/sft_history.json "$OUT/sft_long_history.json" 2>/dev/null
-  FINAL=$WORK/final
-  ARM_RUNS=()
-  for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
-  stamp "evaluation: the start, arm A (sft-long), arm B (${ARM_NAMES[*]}) and the $DEMONSTRATOR (greedy)"
-  $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout} \
-    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}" \
-    ${EVAL_N:+env.holdout.count=$EVAL_N}  # EVAL_N: the first N holdout mazes (default: the config's count)
-  echo "eval exit $?"
-  for name in "${ARM_NAMES[@]}"; do
-    for f in metrics.jsonl evals.json run-events.jsonl; do cp "$(run_dir "$name")/$f" "$FINAL/$name-$f" 2>/dev/null; done
-  done
-  cp "$FINAL/gpu_maze9_eval.json" "$OUT/" 2>/dev/null
-  tar czf "$OUT/maze9-walker-ab.tgz" -C "$FINAL" . && ls -la "$OUT"
+  walker_eval walker-ab "${FINAL_SPLITS:-holdout}"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

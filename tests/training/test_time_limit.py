@@ -15,22 +15,25 @@ def _steps(run) -> list[int]:
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_time_boxed_run_pauses_and_resumes(ci_model_dir, tmp_path):
-    runs = tmp_path / "runs"
-    args = [
+def _train_args(ci_model_dir, runs, name: str, *extra: str) -> list[str]:
+    """`vlrl train` on the CI config for 3 steps, run `name` under `runs`."""
+    return [
         "train",
         "configs/ci-tiny.yaml",
         f"model.path={ci_model_dir}",
         f"storage.root={runs}",
-        "storage.run_name=boxed",
+        f"storage.run_name={name}",
         "runtime.backend=local",
         "train.steps=3",
         "train.eval_tasks=2",
-        "train.checkpoint_every=0",
-        "--resume",
-        "auto",
+        *extra,
         "--quiet",
     ]
+
+
+def test_time_boxed_run_pauses_and_resumes(ci_model_dir, tmp_path):
+    runs = tmp_path / "runs"
+    args = _train_args(ci_model_dir, runs, "boxed", "train.checkpoint_every=0", "--resume", "auto")
     # A budget far below one step: the first step always runs, then the run must stop before the second.
     first = CliRunner().invoke(app, [*args, "train.max_minutes=0.0001"])
     assert isinstance(first.exception, TimeLimitReached), first.output
@@ -52,22 +55,8 @@ def test_time_boxed_run_can_finish_instead(ci_model_dir, tmp_path):
     """`train.on_time_limit=finish`: the budget ends the run (an arm of an equal-time comparison):
     exit 0, the final evaluation, checkpoint and adapter at the step the budget reached."""
     runs = tmp_path / "runs"
-    result = CliRunner().invoke(
-        app,
-        [
-            "train",
-            "configs/ci-tiny.yaml",
-            f"model.path={ci_model_dir}",
-            f"storage.root={runs}",
-            "storage.run_name=finish",
-            "runtime.backend=local",
-            "train.steps=3",
-            "train.eval_tasks=2",
-            "train.max_minutes=0.0001",
-            "train.on_time_limit=finish",
-            "--quiet",
-        ],
-    )
+    args = _train_args(ci_model_dir, runs, "finish", "train.max_minutes=0.0001", "train.on_time_limit=finish")
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     run = runs / "finish"
     assert _steps(run) == [1]
