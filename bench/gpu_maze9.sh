@@ -12,6 +12,11 @@
 #   OUT=DIR DEMONSTRATOR=walker ARM_MIN=3 ARMS="grpo=..." bash bench/gpu_maze9.sh walker-final  # arm B + evaluation
 # or all of it in one command (the arms one after the other, holdout only), which needs no warm machine between calls:
 #   OUT=DIR DEMONSTRATOR=walker VISION_MIN=0.5 SFT_MIN=1 ARM_MIN=1.5 EVAL_N=200 bash bench/gpu_maze9.sh walker-ab
+# Transfer with reward only (issue 32), one command: SFT on 9x9 (the shared start, DEMONSTRATOR default the
+# config's oracle), arm A the same 9x9 SFT for ARM_MIN more minutes, arm B GRPO on TRANSFER_SIZE x TRANSFER_SIZE
+# mazes (default 11, TRANSFER_TURNS 26 turns) with no demonstrations of that size, then the start and both arms
+# on the first EVAL_N holdout mazes of each of TRANSFER_EVAL (default "11:26 13:32", size:turns), greedy, paired:
+#   OUT=DIR VISION_MIN=0.4 SFT_MIN=1 ARM_MIN=1.25 EVAL_N=150 bash bench/gpu_maze9.sh transfer
 # `walker`: vision pretraining, SFT on the demonstrator for SFT_MIN (the shared start, WORK/sft-model),
 # then arm A: that SFT continued for ARM_MIN more minutes (WORK/sft-long-model; another train.seed,
 # so it draws other transcripts than the start's). `walker-final`: arm B, GRPO for ARM_MIN minutes
@@ -31,7 +36,8 @@
 #     --platform manylinux_2_17_x86_64 -d .gpuwhl pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection
 # SMOKE=1 runs the same stages on a CPU with a tiny model and small budgets (a check of the script).
 set -uo pipefail
-STAGE=${1:?usage: bench/gpu_maze9.sh sft|grpo|final|walker|walker-final|walker-ab}
+STAGE=${1:?usage: bench/gpu_maze9.sh sft|grpo|final|walker|walker-final|walker-ab|transfer}
+[ "$STAGE" = transfer ] && DEMONSTRATOR=${DEMONSTRATOR:-oracle}  # its shared start: SFT on 9x9 transcripts
 OUT=${OUT:-/tmp/gpu-maze9-out}
 WORK=${WORK:-/tmp/maze9}
 mkdir -p "$OUT" "$WORK"
@@ -277,6 +283,33 @@ walker-ab)
   # finish: the time box ends each GRPO arm with its adapter (no second, resuming command).
   grpo "$ARM_MIN" train.on_time_limit=finish train.eval_every=0 train.checkpoint_every=0 train.eval_tasks=${ARM_EVAL_TASKS:-16}
   walker_eval walker-ab "${FINAL_SPLITS:-holdout}"
+  ;;
+transfer)
+  need_walker_settings transfer
+  # The sizes are checked before anything runs: a size the blocks layout cannot draw (even, < 5) ends here
+  # with the config's one error line.
+  T_SIZE=${TRANSFER_SIZE:-11}; T_TURNS=${TRANSFER_TURNS:-26}
+  ctx() { echo $(( $2 * ($1 * $1 + 64) + 512 )); }  # tokens of a whole episode: one image token per block each turn
+  for st in "$T_SIZE:$T_TURNS" ${TRANSFER_EVAL:-11:26 13:32}; do
+    $PY -m vlrl.cli config validate $CFG "${SET[@]}" "env.sizes=[${st%%:*}]" env.max_turns=${st#*:} >/dev/null || exit 2
+  done
+  rm -rf "$WORK/runs"
+  walker_start_and_arm_a transfer
+  grpo "$ARM_MIN" "env.sizes=[$T_SIZE]" env.max_turns=$T_TURNS rollout.max_model_len=$(ctx "$T_SIZE" "$T_TURNS") \
+    train.on_time_limit=finish train.eval_every=0 train.checkpoint_every=0 train.eval_tasks=${ARM_EVAL_TASKS:-16}
+  arm_runs=()
+  for name in "${ARM_NAMES[@]}"; do arm_runs+=(--arm "$name=$(run_dir "$name")"); done
+  for st in ${TRANSFER_EVAL:-11:26 13:32}; do
+    size=${st%%:*}; turns=${st#*:}
+    stamp "evaluation on ${size}x$size ($turns turns): the 9x9 start, arm A (9x9 SFT) and arm B (GRPO on ${T_SIZE}x$T_SIZE)"
+    # shellcheck disable=SC2086
+    $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out $WORK/final-$size --splits holdout \
+      --models sft --full-model sft-long=$WORK/sft-long-model "${arm_runs[@]}" -- "${GRPO_SET[@]}" \
+      "env.sizes=[$size]" env.max_turns=$turns rollout.max_model_len=$(ctx "$size" "$turns") ${EVAL_N:+env.holdout.count=$EVAL_N}
+    echo "eval exit $?"
+    cp $WORK/final-$size/gpu_maze9_eval.json "$OUT/transfer_eval_$size.json" 2>/dev/null
+  done
+  tar czf "$OUT/maze9-transfer.tgz" -C "$WORK" $(cd "$WORK" && ls -d final-* grpo-* 2>/dev/null) && ls -la "$OUT"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
