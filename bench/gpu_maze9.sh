@@ -99,6 +99,8 @@ ARM_NAMES=()
 for spec in $ARMS; do ARM_NAMES+=("${spec%%=*}"); done
 arm_overrides() { local spec; for spec in $ARMS; do [ "${spec%%=*}" = "$1" ] && echo "${spec#*=}" | tr ',' ' '; done; }
 run_dir() { echo "$WORK/runs/gpu-maze9-$1"; }
+ARM_RUNS=()   # gpu_maze9_eval.py's --arm LABEL=RUN_DIR of every arm
+for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
 declare -A ARM_STEPS   # final: each arm's train.steps
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # several arms' caches on one GPU: less fragmentation
 
@@ -154,12 +156,11 @@ walker_start_and_arm_a() {  # $1: the stage. Vision pretraining, the shared star
 }
 
 walker_eval() {  # $1: the stage (names the archive), $2: the splits. The start, both arms and the demonstrator, greedy
-  local final=$WORK/final name arm_runs=()
-  for name in "${ARM_NAMES[@]}"; do arm_runs+=(--arm "$name=$(run_dir "$name")"); done
+  local final=$WORK/final name
   stamp "evaluation: the start, arm A (sft-long), arm B (${ARM_NAMES[*]}) and the $DEMONSTRATOR (greedy)"
   # shellcheck disable=SC2086
   $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$final" --splits $2 \
-    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${arm_runs[@]}" -- "${GRPO_SET[@]}" \
+    --models sft --full-model sft-long=$WORK/sft-long-model --demonstrator "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}" \
     ${EVAL_N:+env.holdout.count=$EVAL_N}  # EVAL_N: the first N holdout mazes (default: the config's count)
   echo "eval exit $?"
   for name in "${ARM_NAMES[@]}"; do
@@ -241,8 +242,6 @@ PY
   # Everything of the evaluation goes to $FINAL; $OUT gets the summary files and one archive
   # (the device returns at most 8 files, two folders down).
   FINAL=$WORK/final
-  ARM_RUNS=()
-  for name in "${ARM_NAMES[@]}"; do ARM_RUNS+=(--arm "$name=$(run_dir "$name")"); done
   stamp "evaluation: ${FINAL_MODELS:-base sft} and the arms (${ARM_NAMES[*]}) on ${FINAL_SPLITS:-holdout adversarial} (greedy)"
   $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out "$FINAL" --splits ${FINAL_SPLITS:-holdout adversarial} \
     --models ${FINAL_MODELS:-base sft} "${ARM_RUNS[@]}" ${FINAL_ADV_ARMS:+--adversarial-arms $FINAL_ADV_ARMS} -- "${GRPO_SET[@]}"
@@ -288,28 +287,27 @@ transfer)
   need_walker_settings transfer
   # The sizes are checked before anything runs: a size the blocks layout cannot draw (even, < 5) ends here
   # with the config's one error line.
-  T_SIZE=${TRANSFER_SIZE:-11}; T_TURNS=${TRANSFER_TURNS:-26}
+  T_SIZE=${TRANSFER_SIZE:-11}; T_TURNS=${TRANSFER_TURNS:-26}; T_EVAL=${TRANSFER_EVAL:-11:26 13:32}
   ctx() { echo $(( $2 * ($1 * $1 + 64) + 512 )); }  # tokens of a whole episode: one image token per block each turn
-  for st in "$T_SIZE:$T_TURNS" ${TRANSFER_EVAL:-11:26 13:32}; do
+  for st in "$T_SIZE:$T_TURNS" $T_EVAL; do
     $PY -m vlrl.cli config validate $CFG "${SET[@]}" "env.sizes=[${st%%:*}]" env.max_turns=${st#*:} >/dev/null || exit 2
   done
   rm -rf "$WORK/runs"
   walker_start_and_arm_a transfer
   grpo "$ARM_MIN" "env.sizes=[$T_SIZE]" env.max_turns=$T_TURNS rollout.max_model_len=$(ctx "$T_SIZE" "$T_TURNS") \
     train.on_time_limit=finish train.eval_every=0 train.checkpoint_every=0 train.eval_tasks=${ARM_EVAL_TASKS:-16}
-  arm_runs=()
-  for name in "${ARM_NAMES[@]}"; do arm_runs+=(--arm "$name=$(run_dir "$name")"); done
-  for st in ${TRANSFER_EVAL:-11:26 13:32}; do
+  for st in $T_EVAL; do
     size=${st%%:*}; turns=${st#*:}
     stamp "evaluation on ${size}x$size ($turns turns): the 9x9 start, arm A (9x9 SFT) and arm B (GRPO on ${T_SIZE}x$T_SIZE)"
     # shellcheck disable=SC2086
     $PY bench/gpu_maze9_eval.py --config $CFG --work $WORK --out $WORK/final-$size --splits holdout \
-      --models sft --full-model sft-long=$WORK/sft-long-model "${arm_runs[@]}" -- "${GRPO_SET[@]}" \
+      --models sft --full-model sft-long=$WORK/sft-long-model "${ARM_RUNS[@]}" -- "${GRPO_SET[@]}" \
       "env.sizes=[$size]" env.max_turns=$turns rollout.max_model_len=$(ctx "$size" "$turns") ${EVAL_N:+env.holdout.count=$EVAL_N}
     echo "eval exit $?"
     cp $WORK/final-$size/gpu_maze9_eval.json "$OUT/transfer_eval_$size.json" 2>/dev/null
   done
-  tar czf "$OUT/maze9-transfer.tgz" -C "$WORK" $(cd "$WORK" && ls -d final-* grpo-* 2>/dev/null) && ls -la "$OUT"
+  # shellcheck disable=SC2046
+  tar czf "$OUT/maze9-transfer.tgz" -C "$WORK" $(for st in $T_EVAL; do echo "final-${st%%:*}"; done) && ls -la "$OUT"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
