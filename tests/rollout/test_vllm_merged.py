@@ -260,7 +260,10 @@ def test_a_worker_with_merged_vllm_trains_and_reports_the_gap(vllm_module, ci_co
         )
         stats = worker.update(episodes, [1.0 if i % 2 else -1.0 for i in range(len(episodes))], seed=0)
         assert stats["logprob_diff_max"] < LOGPROB_TOL, dict(stats)
-        worker.sync_adapter(1)
+        seconds = worker.sync_adapter(1)
+        info = worker.sync_info()  # the sync's time split into its phases, recorded with the step
+        assert info["time/sync_merge_s"] > 0 and info["time/sync_wake_s"] >= 0, info
+        assert info["time/sync_wake_s"] + info["time/sync_merge_s"] <= seconds + 1e-6, (info, seconds)
         prompts = first_prompts(worker, 2)
         gap = _sampled_gap(
             worker, prompts, worker.engine.generate(prompts, SamplingParams(temperature=1.0, n=2, seed=3)), 1.0

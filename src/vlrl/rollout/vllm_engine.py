@@ -167,6 +167,7 @@ class VLLMEngine(RolloutEngine):
         self._adapter_dirs: list[Path] = []
         self._tmp_root: Path | None = None
         self.sync_times: list[float] = []  # seconds per update_adapter, in order
+        self.sync_phases: dict[str, float] = {}  # merged mode: the last sync's seconds by phase
         self.ignore_eos = False  # benchmarks force every completion to its full length
 
         kwargs: dict[str, Any] = dict(
@@ -241,6 +242,9 @@ class VLLMEngine(RolloutEngine):
         # below rewrites every weight, so the wake does not rewrite them first.
         self.wake_up(rewrite=False)
         if self.lora_mode == "merged":
+            if self.use_gpu:
+                torch.cuda.synchronize()
+            woken = time.perf_counter()
             self._merge_and_load(state, version)
             if self.sleep_level == 2:
                 self._served = {k: v.detach().clone() for k, v in state.items()}
@@ -249,6 +253,8 @@ class VLLMEngine(RolloutEngine):
                 torch.cuda.synchronize()  # the time is the sync's, not the next generate's
             elapsed = time.perf_counter() - start
             self.sync_times.append(elapsed)
+            # Where a sync's time goes: mapping the slept memory back, or the merge and its write.
+            self.sync_phases = {"sync_wake_s": woken - start, "sync_merge_s": elapsed - (woken - start)}
             log.info(
                 "vLLM weights v%d merged (%s, %d tensors) in %.3f s", version, self.merge_path, len(state), elapsed
             )

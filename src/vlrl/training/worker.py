@@ -235,10 +235,12 @@ class Worker:
         transport = self.engine.adapter_transport
         if transport is None:
             return {}
+        phases = getattr(self.engine, "sync_phases", None) or {}
         return {
             "sync/transport_memory": float(transport == "memory"),
             "sync/transport_disk": float(transport == "disk"),
             "sync/lora_merged": float(self.engine.lora_mode == "merged"),
+            **{f"time/{k}": v for k, v in phases.items()},
         }
 
     def save_adapter(self, out_dir: str | os.PathLike) -> Path:
