@@ -200,6 +200,13 @@ class TrainConfig(Section):
         "(non-reentrant torch "
         "checkpoint): far less memory for long multi-turn sequences, about one more forward of time.",
     )
+    compile_blocks: bool = Field(
+        False,
+        description="torch.compile each transformer block's forward for the update (regional compilation, "
+        "vlrl.models.regional_compile): the elementwise work around the matmuls is fused. The first update pays "
+        "the compile (one graph shared by all blocks of a kind) and each new sequence shape may recompile; "
+        "rollouts and evaluation stay eager. Needs a C++ compiler on CPU.",
+    )
     max_minutes: float | None = Field(
         None,
         gt=0,

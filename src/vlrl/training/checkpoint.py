@@ -85,6 +85,7 @@ RESUME_SAFE_KEYS = (
     "train.keep_checkpoints",
     "train.sft",  # read by `vlrl sft` only
     "train.guards",  # e.g. a raised bound after a guard stopped the run (docs/observability.md)
+    "train.compile_blocks",  # the same update, compiled or eager
     "runtime",  # address, workers (resharding), placement, timeouts, threads, restarts
     "storage",  # a moved run directory
     "tracking",

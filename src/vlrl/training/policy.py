@@ -44,6 +44,7 @@ from vlrl.algo.grpo import (
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
 from vlrl.models.qwen_vl_batched import forward_inputs, spatial_merge_size
+from vlrl.models.regional_compile import CompiledBlocks
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
 from vlrl.runtime.update_plan import (
@@ -135,6 +136,7 @@ class Policy:
         self.device = next(model.parameters()).device
         self.merge_size = spatial_merge_size(model)  # M-RoPE positions are computed on the CPU batch
         self.use_lora_compute_dtype(config.model.lora.compute_dtype)
+        self.compiled_blocks = CompiledBlocks(model, config.train.compile_blocks)
 
     def use_lora_compute_dtype(self, compute_dtype: str) -> None:
         """Switch `model.lora.compute_dtype` for the passes from here on (`base` or `float32`)."""
@@ -267,7 +269,8 @@ class Policy:
                 f"the plan holds {len(plan.indices)} episodes, got {len(episodes)} episodes and {len(advantages)} "
                 "advantages"
             )
-        with self._casting_off():  # the backward (and any recomputation) too, not the forward only
+        # The backward (and any recomputation) too, not the forward only.
+        with self._casting_off(), self.compiled_blocks.active():
             return self._run_plan(episodes, advantages, plan)
 
     def _run_plan(self, episodes: list[Episode], advantages: list[float], plan: UpdatePlan) -> list[dict[str, float]]:
