@@ -13,6 +13,9 @@
 #   OUT=DIR bash bench/gpu_vllm.sh serve    # vlrl serve under load, with swaps
 #   OUT=DIR bash bench/gpu_vllm.sh extra    # update memory (issue 17), no vLLM needed
 #
+# VLRL_BENCH_ARGS adds flags of bench/grpo_bench.py to vlrl's side of bench and bench-all, e.g.
+# VLRL_BENCH_ARGS="--compile-blocks" measures the steps with train.compile_blocks on.
+#
 # Every mode but extra first runs .vg/setup.sh, which must make a GPU build of vLLM importable
 # (the script puts /tmp/vllm-site first on PYTHONPATH). Wheels in .whl/ (TRL for `bench-trl`) are
 # installed into /tmp/site first, e.g.:
@@ -50,7 +53,7 @@ vlrl_bench() {  # $1: the first attempt's time limit
   # rollout.sleep_level auto (2 with merged weights); should that fail, the same with level 1, so the
   # call still measures a step.
   local args="--engine vllm --model qwen3vl-8b-shape --model-dir $M8B --warmup 1 --steps 2 --decode-sweep 64,256 \
-    --gpu-memory-utilization 0.35 --peak-tflops 790"
+    --gpu-memory-utilization 0.35 --peak-tflops 790 ${VLRL_BENCH_ARGS:-}"
   # shellcheck disable=SC2086
   timeout "$1" python3 bench/grpo_bench.py $args --out "$OUT/vlrl_vllm.json"
   local rc=$?

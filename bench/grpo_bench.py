@@ -79,6 +79,8 @@ class BenchSettings:
     lora_compute_dtype: str = "base"  # model.lora.compute_dtype: base (autocast in bf16) | float32 (PEFT's upcast)
     probe_recompute: bool = True  # one more update with activation recomputation on: its time and peak memory
     probe_lora_upcast: bool = True  # one more update with the other model.lora.compute_dtype: its time and peak
+    compile_blocks: bool = False  # train.compile_blocks for the measured steps
+    probe_compile: bool = True  # two more updates with the other train.compile_blocks (compile, then timed)
     profile_update: bool = True  # one more update under torch.profiler: the ops that hold it, by device time
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time
     compare: list[str] = field(default_factory=list)  # "trl" (transformers generation) and/or "trl-vllm"
@@ -182,9 +184,12 @@ def _release(device: torch.device) -> None:
 
 
 def _run_peaks(device: torch.device) -> dict[str, float]:
-    """The allocator's peaks over the whole run so far (not only since the last reset); then forgotten."""
+    """The allocator's peaks over the whole run so far (not only since the last reset); then
+    forgotten, so the next call reports what ran after this one."""
     out = {k: max(v, _PEAKS.get(k, 0.0)) for k, v in _memory(device).items()}
     _PEAKS.clear()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     return out
 
 
@@ -267,6 +272,7 @@ def bench_config(settings: BenchSettings, model_dir: Path, run_root: Path):
             "algo.ppo_epochs=1",
             "algo.kl_coef=0.0",
             f"train.lr={settings.lr}",
+            f"train.compile_blocks={str(settings.compile_blocks).lower()}",
             f"train.seed={settings.seed}",
             f"train.steps={settings.warmup + settings.steps}",
             "train.eval_every=0",
@@ -290,6 +296,8 @@ TRAINER_KEYS = {
     "time/logprob_s": "old_logprobs_s",  # old (and reference) log-probs; 0 on-policy without KL
     "time/optim_s": "train_s",  # micro-batched forward + backward + AdamW
     "time/sync_s": "sync_s",
+    "time/sync_wake_s": "sync_wake_s",  # vLLM merged mode: mapping the slept weights back
+    "time/sync_merge_s": "sync_merge_s",  # ... and the merge written into them
     "reward/mean": "reward_mean",
     "train/loss": "loss",
 }
@@ -398,6 +406,10 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                     f"sync {row['sync_s']:.3f})",
                     flush=True,
                 )
+            # The run's peaks are the steps' (what `vlrl train` needs); the probes after them run
+            # other variants of the update and report their own peaks.
+            poll.__exit__()
+            memory = {**_run_peaks(device), **poll.figures()}
             probes = run_probes(settings, trainer, memory_log, group_advantages, RolloutStats)
             n_forward = forward_parameters(worker.model)
             result = {
@@ -415,8 +427,8 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                 "sleep_level": getattr(engine, "sleep_level", None),
                 "ppo_epochs": config.algo.ppo_epochs,
             }
-            poll.__exit__()
-            memory = {**_run_peaks(device), **poll.figures(), **_host_memory()}
+            memory.update(_host_memory())
+            memory.update({f"probes_{k}": v for k, v in _run_peaks(device).items()})  # the probes alone
         finally:
             poll.__exit__()
             trainer.close()
@@ -490,6 +502,9 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
     if settings.probe_lora_upcast:
         other = "float32" if settings.lora_compute_dtype == "base" else "base"
         update_probes[f"lora_compute_{other}"] = _update_with_lora_compute(worker, check, advantages, device, other)
+    if settings.probe_compile:
+        key = "eager_blocks" if settings.compile_blocks else "compiled_blocks"
+        update_probes[key] = _update_with_compile(worker, check, advantages, device, not settings.compile_blocks)
     if settings.profile_update:
         update_probes["profile"] = _profiled_update(worker, check, advantages, device)
     worker.sync_adapter(10_000)  # the engine serves the policy again
@@ -587,6 +602,34 @@ def _update_with_lora_compute(worker, episodes, advantages, device: torch.device
     if device.type == "cuda":
         out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     print(f"[vlrl] update with model.lora.compute_dtype={compute_dtype}: {out}", flush=True)
+    return out
+
+
+def _update_with_compile(worker, episodes, advantages, device: torch.device, enabled: bool) -> dict[str, float]:
+    """Two updates of `episodes` with the other `train.compile_blocks` (the policy's own blocks
+    put back after): the first pays the compile (and a recompile for a second shape), the second
+    is the one to compare with the step's update. A compile that fails is reported, not raised."""
+    from vlrl.models.regional_compile import CompiledBlocks
+
+    policy = worker.policy
+    kept = policy.compiled_blocks
+    out: dict[str, float | str] = {}
+    try:
+        policy.compiled_blocks = CompiledBlocks(worker.model, enabled)
+        for key, seed in (("first_s", 10_004), ("update_s", 10_005)):
+            _release(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            worker.update(episodes, advantages, seed=seed)
+            _sync(device)
+            out[key] = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - a probe that fails must not cost the run its figures
+        out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    finally:
+        policy.compiled_blocks = kept
+    if device.type == "cuda":
+        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    print(f"[vlrl] update with train.compile_blocks={str(enabled).lower()}: {out}", flush=True)
     return out
 
 
@@ -1060,8 +1103,11 @@ def format_table(result: dict[str, Any]) -> str:
     row("    old/ref log-probs", "old_logprobs_s", "{:.3f}")
     row("    fwd + bwd + AdamW", "train_s", "{:.3f}")
     row("  sync", "sync_s", "{:.4f}")
+    row("    wake (map weights back)", "sync_wake_s", "{:.4f}")
+    row("    merge + write", "sync_merge_s", "{:.4f}")
     row("peak GPU memory GiB (allocated)", "peak_allocated_gib", "{:.1f}", where="memory")
     row("peak GPU memory GiB (reserved)", "peak_reserved_gib", "{:.1f}", where="memory")
+    row("  probes after the steps (allocated)", "probes_peak_allocated_gib", "{:.1f}", where="memory")
     row("peak GPU memory GiB (device, polled)", "device_peak_used_gib", "{:.1f}", where="memory")
     row("peak host memory GiB (RSS)", "host_peak_rss_gib", "{:.1f}", where="memory")
     row("GPU free after worker start GiB", "free_after_worker_start_gib", "{:.1f}")
@@ -1084,6 +1130,14 @@ def format_table(result: dict[str, Any]) -> str:
                 lines.append(
                     f"update with model.lora.compute_dtype={key.rsplit('_', 1)[1]}: {r['update_s']:.2f} s{peak}"
                 )
+        for key in ("compiled_blocks", "eager_blocks"):
+            if key in probes:
+                r = probes[key]
+                what = "compiled blocks" if key == "compiled_blocks" else "eager blocks"
+                if "update_s" in r:
+                    lines.append(f"update with {what}: {r['update_s']:.2f} s (first, compiling: {r['first_s']:.1f} s)")
+                else:
+                    lines.append(f"update with {what}: failed ({r.get('error', '?')})")
         for op in probes.get("profile", {}).get("top", [])[:8]:
             lines.append(f"  update op {op['op'][:48]:<48} {op['share']:>6.1%}")
     if "trl_over_vlrl_step_time" in result:

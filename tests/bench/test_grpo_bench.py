@@ -79,9 +79,11 @@ def test_vlrl_bench_times_the_trainers_step_and_writes_json(tiny_result):
     assert summary["update_mfu"] == pytest.approx(6 * n * tokens / summary["update_s"] / 790e12)
     # The update probes, each one more update of the same episodes through the worker.
     probes = ours["update_probes"]
-    assert {"recompute", "lora_compute_float32", "profile"} <= set(probes)
+    assert {"recompute", "lora_compute_float32", "compiled_blocks", "profile"} <= set(probes)
     assert probes["recompute"]["update_s"] > 0 and probes["lora_compute_float32"]["update_s"] > 0
-    assert "model.lora.compute_dtype=float32" in output
+    compiled = probes["compiled_blocks"]
+    assert "error" not in compiled and compiled["first_s"] > 0 and compiled["update_s"] > 0, compiled
+    assert "model.lora.compute_dtype=float32" in output and "update with compiled blocks" in output
 
 
 def test_update_flops_count_scoring_passes():
