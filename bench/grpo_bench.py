@@ -870,7 +870,9 @@ def run_trl(settings: BenchSettings, use_vllm: bool = False) -> dict[str, Any]:
             return result
 
         trainer._generate_single_turn = timed_generate
-        trainer.train()
+        # The device's used memory over the steps, as vlrl's side polls it (its vLLM engine included).
+        with DevicePeak(device) as poll:
+            trainer.train()
         logs = [h for h in trainer.state.log_history if "loss" in h]
     step_times = [b - a for a, b in zip(marks, marks[1:])]
     rows = [{"step_s": s, "generate_s": g, "rest_s": s - g} for s, g in zip(step_times, gen_times)]
@@ -888,7 +890,7 @@ def run_trl(settings: BenchSettings, use_vllm: bool = False) -> dict[str, Any]:
             "completions_per_s": completions / step_s if step_s else 0.0,
             "rollout_tokens_per_s": completions * settings.new_tokens / max(1e-9, _mean(measured, "generate_s")),
         },
-        "memory": {**_run_peaks(device), **_host_memory()},
+        "memory": {**_run_peaks(device), **poll.figures(), **_host_memory()},
         "logged_steps": len(logs),
     }
     del trainer, model
@@ -1046,6 +1048,9 @@ def headline(result: dict[str, Any]) -> dict[str, float | None]:
         "peak_allocated_gib": memory.get("peak_allocated_gib"),
         "device_peak_used_gib": memory.get("device_peak_used_gib"),
         "update_peak_allocated_gib": summary.get("update_peak_allocated_gib"),
+        # The peer's peaks, measured the same two ways (the memory target compares like with like).
+        "trl_vllm_peak_allocated_gib": result.get("trl_vllm", {}).get("memory", {}).get("peak_allocated_gib"),
+        "trl_vllm_device_peak_used_gib": result.get("trl_vllm", {}).get("memory", {}).get("device_peak_used_gib"),
         "trl_vllm_over_vlrl_step_time": result.get("trl_vllm_over_vlrl_step_time"),
         "trl_over_vlrl_step_time": result.get("trl_over_vlrl_step_time"),
     }
@@ -1162,6 +1167,8 @@ def format_table(result: dict[str, Any]) -> str:
         "peak_allocated_gib": ("peak GPU memory GiB (torch)", "{:.1f}"),
         "device_peak_used_gib": ("peak GPU memory GiB (device)", "{:.1f}"),
         "update_peak_allocated_gib": ("update peak GiB", "{:.1f}"),
+        "trl_vllm_peak_allocated_gib": ("TRL+vLLM peak GiB (torch)", "{:.1f}"),
+        "trl_vllm_device_peak_used_gib": ("TRL+vLLM peak GiB (device)", "{:.1f}"),
         "trl_vllm_over_vlrl_step_time": ("TRL+vLLM / vlrl step time", "{:.2f}x"),
         "trl_over_vlrl_step_time": ("TRL (no vLLM) / vlrl step time", "{:.2f}x"),
     }

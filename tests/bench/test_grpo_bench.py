@@ -107,13 +107,23 @@ def test_merge_combines_side_by_side_runs_of_one_workload(tiny_result):
     trl_only = {key: value for key, value in ours.items() if key != "vlrl"}
     trl_only["trl"] = {"version": "x", "summary": {"step_s": 3 * step_s}, "memory": {}}
     # A TRL + vLLM file as --trl-only --trl-vllm wrote it before the split (under "trl"): read as trl_vllm.
-    trl_vllm_only = {**trl_only, "trl": {"version": "x + vLLM colocate", "summary": {"step_s": 2 * step_s}}}
+    trl_vllm_only = {
+        **trl_only,
+        "trl": {
+            "version": "x + vLLM colocate",
+            "summary": {"step_s": 2 * step_s},
+            "memory": {"peak_allocated_gib": 9.0, "device_peak_used_gib": 10.0},
+        },
+    }
     merged = harness.merge(ours, trl_only, trl_vllm_only)
     assert merged["trl_over_vlrl_step_time"] == pytest.approx(3.0)
     assert merged["trl_vllm_over_vlrl_step_time"] == pytest.approx(2.0)
     table = harness.format_table(merged)
     assert "TRL step time / vlrl step time: 3.00x" in table and "TRL+vLLM step time / vlrl step time: 2.00x" in table
-    assert harness.headline(merged)["trl_vllm_over_vlrl_step_time"] == pytest.approx(2.0)
+    figures = harness.headline(merged)
+    assert figures["trl_vllm_over_vlrl_step_time"] == pytest.approx(2.0)
+    # The peer's peaks next to ours, measured the same two ways.
+    assert (figures["trl_vllm_peak_allocated_gib"], figures["trl_vllm_device_peak_used_gib"]) == (9.0, 10.0)
     other = copy.deepcopy(trl_only)
     other["settings"]["prompts"] = 8
     with pytest.raises(ValueError, match="prompts"):
