@@ -14,7 +14,7 @@
 #   OUT=DIR bash bench/gpu_vllm.sh extra    # update memory (issue 17), no vLLM needed
 #
 # VLRL_BENCH_ARGS adds flags of bench/grpo_bench.py to vlrl's side of bench and bench-all, e.g.
-# VLRL_BENCH_ARGS="--compile-blocks" measures the steps with train.compile_blocks on.
+# VLRL_BENCH_ARGS="--compile-blocks false" measures the steps eager (train.compile_blocks is auto: on here).
 #
 # Every mode but extra first runs .vg/setup.sh, which must make a GPU build of vLLM importable
 # (the script puts /tmp/vllm-site first on PYTHONPATH). Wheels in .whl/ (TRL for `bench-trl`) are

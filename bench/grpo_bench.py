@@ -79,7 +79,7 @@ class BenchSettings:
     lora_compute_dtype: str = "base"  # model.lora.compute_dtype: base (autocast in bf16) | float32 (PEFT's upcast)
     probe_recompute: bool = True  # one more update with activation recomputation on: its time and peak memory
     probe_lora_upcast: bool = True  # one more update with the other model.lora.compute_dtype: its time and peak
-    compile_blocks: bool = False  # train.compile_blocks for the measured steps
+    compile_blocks: str = "auto"  # train.compile_blocks for the measured steps: auto (on CUDA) | true | false
     probe_compile: bool = True  # two more updates with the other train.compile_blocks (compile, then timed)
     profile_update: bool = True  # one more update under torch.profiler: the ops that hold it, by device time
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time
@@ -272,7 +272,7 @@ def bench_config(settings: BenchSettings, model_dir: Path, run_root: Path):
             "algo.ppo_epochs=1",
             "algo.kl_coef=0.0",
             f"train.lr={settings.lr}",
-            f"train.compile_blocks={str(settings.compile_blocks).lower()}",
+            f"train.compile_blocks={settings.compile_blocks}",
             f"train.seed={settings.seed}",
             f"train.steps={settings.warmup + settings.steps}",
             "train.eval_every=0",
@@ -425,6 +425,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                 "scoring_passes": scoring_passes(config),
                 "lora_mode": getattr(engine, "lora_mode", ""),
                 "sleep_level": getattr(engine, "sleep_level", None),
+                "compiled_blocks": worker.policy.compiled_blocks.enabled,  # train.compile_blocks, resolved
                 "ppo_epochs": config.algo.ppo_epochs,
             }
             memory.update(_host_memory())
@@ -503,8 +504,9 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
         other = "float32" if settings.lora_compute_dtype == "base" else "base"
         update_probes[f"lora_compute_{other}"] = _update_with_lora_compute(worker, check, advantages, device, other)
     if settings.probe_compile:
-        key = "eager_blocks" if settings.compile_blocks else "compiled_blocks"
-        update_probes[key] = _update_with_compile(worker, check, advantages, device, not settings.compile_blocks)
+        compiled = worker.policy.compiled_blocks.enabled  # the steps' own, `auto` resolved
+        key = "eager_blocks" if compiled else "compiled_blocks"
+        update_probes[key] = _update_with_compile(worker, check, advantages, device, not compiled)
     if settings.profile_update:
         update_probes["profile"] = _profiled_update(worker, check, advantages, device)
     worker.sync_adapter(10_000)  # the engine serves the policy again
@@ -1186,7 +1188,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchSettings | list[str]
     for f in dataclasses.fields(BenchSettings):
         flag = "--" + f.name.replace("_", "-")
         value = getattr(defaults, f.name)
-        if isinstance(value, bool):
+        if f.name == "compile_blocks":  # `--compile-blocks` alone means true, as the flag it was
+            p.add_argument(flag, nargs="?", const="true", default=value, choices=["auto", "true", "false"])
+        elif isinstance(value, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
         elif isinstance(value, list):
             p.add_argument(flag, default=",".join(map(str, value)), help="comma-separated")

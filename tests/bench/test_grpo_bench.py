@@ -81,6 +81,7 @@ def test_vlrl_bench_times_the_trainers_step_and_writes_json(tiny_result):
     probes = ours["update_probes"]
     assert {"recompute", "lora_compute_float32", "compiled_blocks", "profile"} <= set(probes)
     assert probes["recompute"]["update_s"] > 0 and probes["lora_compute_float32"]["update_s"] > 0
+    assert ours["compiled_blocks"] is False  # CPU: train.compile_blocks=auto runs eager, the probe compiles
     compiled = probes["compiled_blocks"]
     assert "error" not in compiled and compiled["first_s"] > 0 and compiled["update_s"] > 0, compiled
     assert "model.lora.compute_dtype=float32" in output and "update with compiled blocks" in output
@@ -147,3 +148,13 @@ def test_trl_runs_the_same_workload_side_by_side(tmp_path):
     result = json.loads(out.read_text())
     assert result["trl"]["summary"]["step_s"] > 0 and result["trl_over_vlrl_step_time"] > 0
     assert "TRL 1." in r.output
+
+
+def test_compile_blocks_flag_takes_auto_true_false_and_alone_means_true():
+    harness = load_harness()
+    parsed = [
+        harness.parse_args(argv)[0].compile_blocks for argv in ([], ["--compile-blocks"], ["--compile-blocks", "false"])
+    ]
+    assert parsed == ["auto", "true", "false"]
+    with pytest.raises(SystemExit):
+        harness.parse_args(["--compile-blocks", "sometimes"])

@@ -52,3 +52,36 @@ def test_compiled_blocks_give_the_same_gradient_and_leave_the_eager_forward_afte
 def test_a_model_without_blocks_is_one_line():
     with pytest.raises(VlrlError, match="no transformer blocks.*train.compile_blocks=false"):
         CompiledBlocks(torch.nn.Linear(2, 2), enabled=True)
+
+
+def test_auto_compiles_on_cuda_only_and_a_wrong_value_is_one_line(ci_config):
+    from vlrl.models.regional_compile import compile_blocks_enabled
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert ci_config().train.compile_blocks == "auto"  # the default
+    assert [compile_blocks_enabled("auto", d) for d in (cpu, cuda)] == [False, True]
+    assert [compile_blocks_enabled(v, cpu) for v in (True, False)] == [True, False]
+    assert not Worker(ci_config(), 4).policy.compiled_blocks.enabled  # CPU: auto is eager
+    with pytest.raises(VlrlError, match="compile_blocks"):
+        ci_config("train.compile_blocks=sometimes")
+
+
+def test_blocks_are_found_through_fsdp2s_renamed_classes():
+    """fully_shard swaps a module's class for `FSDP<name>`, a subclass: the block is still a block
+    (a 2-worker `vlrl train ... train.compile_blocks=true` refused to start before)."""
+    from vlrl.models.regional_compile import transformer_blocks
+
+    class Block(torch.nn.Linear):
+        pass
+
+    class Model(torch.nn.Module):
+        _no_split_modules = ["Block"]
+
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(2, 2), Block(2, 2)])
+
+    model = Model()
+    for layer in model.layers:
+        layer.__class__ = type("FSDPBlock", (Block,), {})
+    assert transformer_blocks(model) == list(model.layers)

@@ -200,12 +200,14 @@ class TrainConfig(Section):
         "(non-reentrant torch "
         "checkpoint): far less memory for long multi-turn sequences, about one more forward of time.",
     )
-    compile_blocks: bool = Field(
-        False,
+    compile_blocks: bool | Literal["auto"] = Field(
+        "auto",
         description="torch.compile each transformer block's forward for the update (regional compilation, "
-        "vlrl.models.regional_compile): the elementwise work around the matmuls is fused. The first update pays "
-        "the compile (one graph shared by all blocks of a kind) and each new sequence shape may recompile; "
-        "rollouts and evaluation stay eager. Needs a C++ compiler on CPU.",
+        "vlrl.models.regional_compile): the elementwise work around the matmuls is fused, which makes the update "
+        "faster and its peak memory lower on GPU. `auto`: on where the policy is on CUDA, off on CPU (where the "
+        "tiny models gain nothing and compiling needs a C++ compiler). The first update pays the compile (one "
+        "graph shared by all blocks of a kind) and a new sequence shape may recompile; rollouts and evaluation "
+        "stay eager.",
     )
     max_minutes: float | None = Field(
         None,

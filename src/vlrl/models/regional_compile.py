@@ -29,10 +29,18 @@ from vlrl.errors import VlrlError
 
 def transformer_blocks(model: Any) -> list[torch.nn.Module]:
     """The model's repeated blocks: modules whose class is named in `_no_split_modules` (the list
-    transformers keeps for device maps and FSDP wrapping); a PEFT wrapper is looked through."""
+    transformers keeps for device maps and FSDP wrapping); a PEFT wrapper is looked through, and so
+    is FSDP2's, which swaps each sharded module's class for a subclass named `FSDP<name>`."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = set(getattr(base, "_no_split_modules", None) or ())
-    return [m for m in base.modules() if type(m).__name__ in names]
+    return [m for m in base.modules() if any(c.__name__ in names for c in type(m).__mro__)]
+
+
+def compile_blocks_enabled(setting: bool | str, device: torch.device) -> bool:
+    """`train.compile_blocks` resolved for the policy's device: `auto` compiles on CUDA only."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)
 
 
 class CompiledBlocks:

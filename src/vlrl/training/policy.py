@@ -44,7 +44,7 @@ from vlrl.algo.grpo import (
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
 from vlrl.models.qwen_vl_batched import forward_inputs, spatial_merge_size
-from vlrl.models.regional_compile import CompiledBlocks
+from vlrl.models.regional_compile import CompiledBlocks, compile_blocks_enabled
 from vlrl.rollout.episodes import Episode
 from vlrl.rollout.sequence import MultimodalSequence, collate
 from vlrl.runtime.update_plan import (
@@ -136,7 +136,7 @@ class Policy:
         self.device = next(model.parameters()).device
         self.merge_size = spatial_merge_size(model)  # M-RoPE positions are computed on the CPU batch
         self.use_lora_compute_dtype(config.model.lora.compute_dtype)
-        self.compiled_blocks = CompiledBlocks(model, config.train.compile_blocks)
+        self.compiled_blocks = CompiledBlocks(model, compile_blocks_enabled(config.train.compile_blocks, self.device))
 
     def use_lora_compute_dtype(self, compute_dtype: str) -> None:
         """Switch `model.lora.compute_dtype` for the passes from here on (`base` or `float32`)."""
