@@ -1,16 +1,18 @@
 """Copy the small outputs of run.sh from /tmp/e2 into this folder: eval summaries, paired JSONs, SFT histories,
 arm B curves (step, sampled success of the batch, entropy, wall bumps; in-run evals), time outputs.
 
-usage: python bench/results/2026-12-06-cpu-demo-equal-compute-t15g16/collect.py
+usage: [W=/tmp/e3 SEEDS="2 3"] python bench/results/2026-12-06-cpu-demo-equal-compute-t15g16/collect.py
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
-W = Path("/tmp/e2")
+W = Path(os.environ.get("W", "/tmp/e2"))  # run.sh's W and SEEDS
+SEEDS = [int(x) for x in os.environ.get("SEEDS", "0 1").split()]
 HERE = Path(__file__).resolve().parent
 
 
@@ -18,7 +20,7 @@ def mean(xs):
     return round(sum(xs) / len(xs), 3)
 
 
-for s in (0, 1):
+for s in SEEDS:
     for name in ("sftL", "A", "B"):
         (summary,) = (W / f"eval-{name}_{s}").glob("*/summary.json")
         shutil.copy(summary, HERE / f"seed{s}-eval-{name}-summary.json")
