@@ -124,3 +124,30 @@ def test_save_adapter_from_a_state_dict(tiny_dir, tmp_path):
     save_adapter(holder, tmp_path / "adapter", fingerprint, state_dict=state)
     loaded = adapter_state_dict(load_adapter(load_policy_model(tiny_dir), tmp_path / "adapter"))
     assert loaded.keys() == state.keys() and all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+def test_the_on_device_gather_is_peft_s_state_dict_and_follows_new_lora_modules(tiny_dir):
+    """The merged sync's gather (`gather_adapter_state(to_cpu=False)`) keeps PEFT's key mapping
+    from the first call instead of walking the whole state dict each sync: it must give PEFT's
+    own keys and the live values, and notice when LoRA modules come or go."""
+    from vlrl.runtime.distributed import gather_adapter_state
+
+    model = apply_lora(load_policy_model(tiny_dir), rank=4, alpha=8, seed=0)
+    randomize_lora_b(model, seed=1)
+
+    def same_as_peft():
+        state, want = gather_adapter_state(model, to_cpu=False), adapter_state_dict(model, to_cpu=False)
+        assert state.keys() == want.keys() and all(torch.equal(state[k], want[k]) for k in want)
+        return state
+
+    same_as_peft()
+    name, param = next((n, p) for n, p in model.named_parameters() if "lora_B" in n)
+    with torch.no_grad():
+        param.add_(1.0)  # a training step, in place: the cached mapping reads the new values
+    same_as_peft()
+    layer = model.base_model.model.model.language_model.layers[0].mlp.down_proj
+    for part in (layer.lora_A, layer.lora_B):  # a LoRA module goes
+        part.pop("default")
+    fewer = same_as_peft()
+    model.add_adapter("other", model.peft_config["default"])  # another adapter's modules come
+    assert same_as_peft().keys() == fewer.keys()
