@@ -564,6 +564,17 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
     }
 
 
+def _timed_update(worker, episodes, advantages, device: torch.device, seed: int) -> float:
+    """Seconds of one `worker.update` of `episodes`, from a released allocator (so the probe's
+    peak is its own) to the last kernel."""
+    _release(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    worker.update(episodes, advantages, seed=seed)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def _update_with_recompute(worker, episodes, advantages, device: torch.device) -> dict[str, float]:
     """One update of `episodes` with activation recomputation on (`train.gradient_checkpointing`'s
     switch, turned off again after): its time and peak memory, beside the step's update without it,
@@ -572,13 +583,8 @@ def _update_with_recompute(worker, episodes, advantages, device: torch.device) -
 
     base = worker.model.get_base_model() if hasattr(worker.model, "get_base_model") else worker.model
     enable_activation_checkpointing(worker.model)
-    _release(device)
     try:
-        _sync(device)
-        t0 = time.perf_counter()
-        worker.update(episodes, advantages, seed=10_001)
-        _sync(device)
-        out = {"update_s": time.perf_counter() - t0}
+        out = {"update_s": _timed_update(worker, episodes, advantages, device, seed=10_001)}
     finally:
         base.gradient_checkpointing_disable()
     if device.type == "cuda":
@@ -591,14 +597,9 @@ def _update_with_lora_compute(worker, episodes, advantages, device: torch.device
     """One update of `episodes` with the other `model.lora.compute_dtype` (switched back after): its
     time and peak memory, beside the step's update, on the same episodes in the same process."""
     policy = worker.policy
-    _release(device)
     policy.use_lora_compute_dtype(compute_dtype)
     try:
-        _sync(device)
-        t0 = time.perf_counter()
-        worker.update(episodes, advantages, seed=10_003)
-        _sync(device)
-        out = {"update_s": time.perf_counter() - t0}
+        out = {"update_s": _timed_update(worker, episodes, advantages, device, seed=10_003)}
     finally:
         policy.use_lora_compute_dtype(worker.config.model.lora.compute_dtype)
     if device.type == "cuda":
@@ -619,12 +620,7 @@ def _update_with_compile(worker, episodes, advantages, device: torch.device, ena
     try:
         policy.compiled_blocks = CompiledBlocks(worker.model, enabled)
         for key, seed in (("first_s", 10_004), ("update_s", 10_005)):
-            _release(device)
-            _sync(device)
-            t0 = time.perf_counter()
-            worker.update(episodes, advantages, seed=seed)
-            _sync(device)
-            out[key] = time.perf_counter() - t0
+            out[key] = _timed_update(worker, episodes, advantages, device, seed=seed)
     except Exception as exc:  # noqa: BLE001 - a probe that fails must not cost the run its figures
         out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     finally:

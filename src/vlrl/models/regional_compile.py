@@ -18,7 +18,6 @@ warning, not an error); a new shape or adapter state is a recompile, bounded by 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,7 +54,6 @@ class CompiledBlocks:
                 "set train.compile_blocks=false"
             )
         self._forwards: list[Any] | None = None
-        self.first_compile_s: float | None = None  # wall time of the first update that ran compiled
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -66,7 +64,6 @@ class CompiledBlocks:
             # dynamic=None: the first shape is compiled static, a second one marks the changing
             # dims dynamic (sequence lengths differ from micro-batch to micro-batch).
             self._forwards = [torch.compile(block.forward) for block in self.blocks]
-        start = time.perf_counter()
         for block, forward in zip(self.blocks, self._forwards):
             block.forward = forward  # an instance attribute shadows the class's forward
         try:
@@ -74,5 +71,3 @@ class CompiledBlocks:
         finally:
             for block in self.blocks:
                 del block.forward
-            if self.first_compile_s is None:
-                self.first_compile_s = time.perf_counter() - start
