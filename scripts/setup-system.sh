@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Installs the Debian packages that two tests use for real, when they are missing:
+# Installs the Debian packages that tests use for real, when they are missing:
 #   prometheus  the dashboard test (tests/observability) runs Prometheus and queries every panel;
 #               its promtool checks the scrape configs and unit-tests the alert rules (test_alerts.py)
 #   chromium    the report test (tests/report) renders the HTML run report headless
-# Idempotent and quiet: nothing happens when both binaries are already on PATH. Needs root and
+#   g++         torch.compile's CPU backend builds its kernels with it (train.compile_blocks:
+#               tests/models/test_regional_compile.py and the bench's compiled-update probe)
+# Idempotent and quiet: nothing happens when every binary is already on PATH. Needs root and
 # apt-get (Debian/Ubuntu); otherwise it says what to install and exits 0, and those tests skip
 # with a message naming the missing binary.
 set -euo pipefail
 
-declare -A package_of=([prometheus]=prometheus [promtool]=prometheus [chromium]=chromium)
+declare -A package_of=([prometheus]=prometheus [promtool]=prometheus [chromium]=chromium [g++]=g++)
 missing=()
-for binary in prometheus promtool chromium; do
+for binary in prometheus promtool chromium g++; do
   package=${package_of[$binary]}
   command -v "$binary" >/dev/null 2>&1 || [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
 done

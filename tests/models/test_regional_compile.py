@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -21,6 +23,9 @@ def _gradient(worker: Worker, seqs, advantages) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in worker.model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.skipif(
+    shutil.which("g++") is None, reason="torch.compile on CPU needs g++ (scripts/setup-system.sh installs it as root)"
+)
 def test_compiled_blocks_give_the_same_gradient_and_leave_the_eager_forward_after(ci_config):
     from torch._dynamo.utils import counters
 
