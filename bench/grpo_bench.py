@@ -297,6 +297,7 @@ TRAINER_KEYS = {
     "time/optim_s": "train_s",  # micro-batched forward + backward + AdamW
     "time/sync_s": "sync_s",
     "time/sync_wake_s": "sync_wake_s",  # vLLM merged mode: mapping the slept weights back
+    "time/sync_wake_kv_s": "sync_wake_kv_s",  # ... of which the KV cache, mapped while the merge runs
     "time/sync_merge_s": "sync_merge_s",  # ... and the merge written into them
     "reward/mean": "reward_mean",
     "train/loss": "loss",
@@ -560,7 +561,35 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
             "adapter_mib": adapter_mib,
             "logprob_diff_mean": float(diff.mean()),
             "logprob_diff_max": float(diff.max()),
+            **merge_rounding(worker),
         },
+    }
+
+
+def merge_rounding(worker) -> dict[str, float]:
+    """A merging engine's W0 + s * B @ A (its factor dtype: one GEMM with W0 in the epilogue on a
+    16-bit GPU base) against the same merge from fp32 A and B, on the adapter's largest LoRA
+    weight: the share of entries that round to another value, and the largest difference."""
+    from vlrl.models import vision_merge
+    from vlrl.runtime import distributed
+
+    engine = worker.engine
+    if getattr(engine, "lora_mode", "") != "merged":
+        return {}
+    pairs = vision_merge.lora_pairs(distributed.gather_adapter_state(worker.model, to_cpu=False))
+    name = max(pairs, key=lambda n: pairs[n][1].shape[0] * pairs[n][0].shape[1])
+    ((_, base),) = worker._policy_base_weights([name])  # the engine's own W0 source
+    a, b = pairs[name]
+    scale = vision_merge.lora_scale(engine.lora_config)
+    dtype = engine.served_dtype or base.dtype
+    served = vision_merge.merge_lora(base, a, b, scale, name, dtype, engine.factor_dtype).float()
+    exact = vision_merge.merge_lora(base, a, b, scale, name, dtype, torch.float32).float()
+    delta = (served - base.float()).abs()
+    return {
+        "merge_factor_dtype": str(engine.factor_dtype).removeprefix("torch."),
+        "merge_differ_fraction": float((served != exact).float().mean()),
+        "merge_max_abs_diff": float((served - exact).abs().max()),
+        "merge_delta_abs_mean": float(delta.mean()),
     }
 
 
@@ -1094,6 +1123,7 @@ def format_table(result: dict[str, Any]) -> str:
     row("adapter sync s (this engine)", "sync_s", "{:.4f}")
     row("adapter sync s (separate copy)", "adapter_sync_copy_s", "{:.3f}")
     row("engine-policy log-prob |diff| mean", "logprob_diff_mean", "{:.2e}")
+    row("merge: entries rounded otherwise than from fp32 A, B", "merge_differ_fraction", "{:.2e}")
     lines.append("phases (s)")
     row("  rollout (generate + env)", "rollout_s", "{:.3f}")
     row("    generate", "generate_s", "{:.3f}")
@@ -1107,6 +1137,7 @@ def format_table(result: dict[str, Any]) -> str:
     row("    fwd + bwd + AdamW", "train_s", "{:.3f}")
     row("  sync", "sync_s", "{:.4f}")
     row("    wake (map weights back)", "sync_wake_s", "{:.4f}")
+    row("      of which the KV cache", "sync_wake_kv_s", "{:.4f}")
     row("    merge + write", "sync_merge_s", "{:.4f}")
     row("peak GPU memory GiB (allocated)", "peak_allocated_gib", "{:.1f}", where="memory")
     row("peak GPU memory GiB (reserved)", "peak_reserved_gib", "{:.1f}", where="memory")

@@ -13,7 +13,7 @@ from vlrl.models.fingerprint import model_fingerprint
 from vlrl.models.loading import load_policy_model
 from vlrl.models.lora import apply_lora, load_adapter, save_adapter
 from vlrl.models.processor import load_processor
-from vlrl.models.vision_merge import merge_vision_into_base, vision_tensor_count
+from vlrl.models.vision_merge import merge_lora, merge_vision_into_base, vision_tensor_count
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,32 @@ def test_serving_a_damaged_adapter_is_one_line(tiny_dir, vision_adapter, tmp_pat
     (broken / "adapter_model.safetensors").unlink()
     with pytest.raises(VlrlError, match="no adapter_model.safetensors"):
         verify_base(broken, model_fingerprint(tiny_dir))
+
+
+def _lora(seed: int, out: int = 12, inner: int = 10, rank: int = 4, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(out, inner, generator=g).to(dtype)
+    return base, torch.randn(rank, inner, generator=g), torch.randn(out, rank, generator=g) * 0.1
+
+
+def test_merge_lora_rounds_once_from_fp32_and_writes_into_a_given_tensor():
+    base, a, b = _lora(0, dtype=torch.bfloat16)
+    want = (base.float() + 0.5 * (b @ a)).to(torch.bfloat16)  # fp32 throughout, one rounding
+    assert torch.equal(merge_lora(base, a, b, 0.5), want)
+    # Into a slice of a larger (fused) tensor, as the write plan does: the rest stays as it was.
+    fused = torch.zeros(3 * base.shape[0], base.shape[1], dtype=torch.bfloat16)
+    merge_lora(base, a, b, 0.5, out=fused.narrow(0, base.shape[0], base.shape[0]))
+    assert torch.equal(fused[base.shape[0] : 2 * base.shape[0]], want)
+    assert not fused[: base.shape[0]].any() and not fused[2 * base.shape[0] :].any()
+    with pytest.raises(VlrlError, match="cannot merge w into a torch.float32 tensor"):
+        merge_lora(base, a, b, 0.5, "w", out=torch.empty(base.shape))
+
+
+def test_merge_lora_takes_the_factors_in_the_trainers_dtype():
+    """`factor_dtype` bf16 (the trainer's autocast): A and B rounded to bf16 before the product,
+    which is still accumulated in fp32 and added to W0 there (on a GPU, one addmm)."""
+    base, a, b = _lora(1, dtype=torch.bfloat16)
+    got = merge_lora(base, a, b, 2.0, factor_dtype=torch.bfloat16)
+    a16, b16 = a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float()
+    assert torch.equal(got, (base.float() + 2.0 * (b16 @ a16)).to(torch.bfloat16))
+    assert not torch.equal(got, merge_lora(base, a, b, 2.0))  # the factors' rounding shows at this scale

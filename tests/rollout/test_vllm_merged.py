@@ -294,6 +294,41 @@ def test_the_direct_in_place_path_writes_checkpoint_names_into_the_served_tensor
     assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(served,))[0], before)
 
 
+@pytest.mark.vllm
+def test_the_write_plan_records_where_vllms_own_loader_puts_each_tensor(copy_engine):
+    """`vllm_compat.load_weights_recording`: one real load through the model's `load_weights`,
+    watched; the plan's target for a tensor vLLM copies plainly is a view of the served parameter
+    (writing into it changes what vLLM serves). A linear layer the CPU build repacked is not
+    reachable this way here (on a GPU it is: the bench's log-prob check covers that path)."""
+    from vlrl.rollout import vllm_compat
+
+    llm = copy_engine.llm
+    names = {"model.language_model.norm.weight": "language_model.model.norm.weight"}
+    names["model.language_model.layers.0.self_attn.q_norm.weight"] = (
+        "language_model.model.layers.0.self_attn.q_norm.weight"
+    )
+    before = {ckpt: llm.collective_rpc(vllm_compat.served_weight, args=(ours,))[0] for ckpt, ours in names.items()}
+    new = {
+        ckpt: torch.randn(t.shape, generator=torch.Generator().manual_seed(1)).to(t.dtype) for ckpt, t in before.items()
+    }
+    try:
+        plan = vllm_compat.load_merged_weights(llm, iter(new.items()), "direct", record=True)
+        assert set(plan.targets) == set(names) and not plan.loader_only, plan
+        for ckpt, ours in names.items():
+            assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(ours,))[0], new[ckpt])
+        # The plan's view is the served tensor: a write there is what vLLM serves next.
+        (target,) = plan.targets["model.language_model.norm.weight"]
+        target.copy_(torch.full_like(target, 0.5))
+        served = llm.collective_rpc(vllm_compat.served_weight, args=(names["model.language_model.norm.weight"],))[0]
+        assert torch.equal(served, torch.full_like(served, 0.5))
+        # A merge whose every tensor has a place in the plan hands the loader nothing: that is a no-op.
+        assert llm.collective_rpc(vllm_compat.load_weights_direct, args=(iter(()),))[0] == 0
+    finally:
+        llm.collective_rpc(vllm_compat.load_weights_direct, args=(list(before.items()),))
+    for ckpt, ours in names.items():
+        assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(ours,))[0], before[ckpt])
+
+
 @pytest.fixture(scope="module")
 def rewrite_engine(trio, ci_model_dir):
     """A merged engine at `sleep_level=2`: every sync writes every checkpoint tensor, not only the

@@ -75,19 +75,46 @@ def lora_scale(lora_config: dict[str, Any]) -> float:
 
 
 def merge_lora(
-    base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, name: str = "weight", dtype=None
+    base: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale: float,
+    name: str = "weight",
+    dtype=None,
+    factor_dtype=torch.float32,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W0 + scale * B @ A, computed in fp32 on the base's device and rounded once to `dtype`
-    (default: the base's). Always from the untouched base W0: merging onto an already merged,
-    rounded weight would let the rounding errors pile up step after step."""
-    a = a.to(device=base.device, dtype=torch.float32)
-    b = b.to(device=base.device, dtype=torch.float32)
+    """W0 + scale * B @ A, accumulated in fp32 on the base's device and rounded once to `dtype`
+    (default: the base's), into `out` when given (e.g. the served parameter itself). Always from
+    the untouched base W0: merging onto an already merged, rounded weight would let the rounding
+    errors pile up step after step.
+
+    `factor_dtype`: the dtype A and B enter the product in, the one the trainer's forward uses
+    (`model.lora.compute_dtype`: under a bf16 base's autocast the fp32 master A and B are cast to
+    bf16 there too). When it is the 16-bit dtype of the base and of the result on a GPU, the merge
+    is one GEMM with W0 in its epilogue (`addmm`: cuBLAS accumulates B @ A in fp32, adds W0 in fp32
+    and rounds once on the store), so no fp32 product of the size of the weight is written and
+    read back; elsewhere, an fp32 product and one fused add."""
+    dtype = dtype or base.dtype
     if (b.shape[0], a.shape[1]) != tuple(base.shape) or b.shape[1] != a.shape[0]:
         raise VlrlError(f"LoRA for {name} has shape {(b.shape[0], a.shape[1])}, the base weight {tuple(base.shape)}")
+    if out is None:
+        out = torch.empty(base.shape, dtype=dtype, device=base.device)
+    elif out.dtype != dtype or tuple(out.shape) != tuple(base.shape):
+        raise VlrlError(f"cannot merge {name} into a {out.dtype} tensor of shape {tuple(out.shape)}")
+    if base.is_cuda and factor_dtype in (torch.bfloat16, torch.float16) and base.dtype == dtype == factor_dtype:
+        a = a.to(device=base.device, dtype=factor_dtype)
+        b = b.to(device=base.device, dtype=factor_dtype)
+        # The inner dimension is the LoRA rank (8-128), far too short for cuBLAS to split it and
+        # sum the partial products in 16 bits (what `allow_bf16_reduced_precision_reduction` allows).
+        return torch.addmm(base, b, a, alpha=scale, out=out)
+    a = a.to(device=base.device, dtype=torch.float32)
+    b = b.to(device=base.device, dtype=torch.float32)
+    if factor_dtype != torch.float32:  # the trainer's rounding of A and B, on a CPU or an fp32 base
+        a, b = a.to(factor_dtype).float(), b.to(factor_dtype).float()
     # One fused pass over the weight: add() computes base + scale * delta in fp32 (the promoted
     # dtype) and rounds once on the store into `out`, so no fp32 copy of the base is made and the
-    # scale needs no pass of its own (12 bytes moved per element instead of ~36; bitwise the same).
-    out = torch.empty(base.shape, dtype=dtype or base.dtype, device=base.device)
+    # scale needs no pass of its own.
     return torch.add(base, b @ a, alpha=scale, out=out)
 
 

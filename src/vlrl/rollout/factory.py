@@ -85,6 +85,7 @@ def build_engine(
             use_gpu=config.runtime.use_gpu,
             seed=config.train.seed,
             lora_mode=lora_mode,
+            lora_compute_dtype=config.model.lora.compute_dtype,
             sleep_level=resolve_sleep_level(r.sleep_level, lora_mode, config.runtime.use_gpu, world_size),
         )
         directory = model_dir if model_dir is not None else ensure_model(config.model)

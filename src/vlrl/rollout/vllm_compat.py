@@ -19,10 +19,12 @@ beyond its public `LLM` API, each chosen by feature detection, never by version 
 - **Merged-weight rollouts** (`weights_load_path`, `load_merged_weights`): with
   `rollout.lora_mode=merged` the engine writes W0 + scale * B @ A into the served weights. Where the
   linear layers keep their checkpoint layout (GPU) the model's own `load_weights` copies each
-  tensor in place (it packs q/k/v and gate/up itself); where the CPU build repacked them, the
-  worker's `reload_weights`. Both take HF checkpoint names, on 0.24 and 0.32 alike; the model is
-  reached as `worker.model_runner.model` inside `collective_rpc`, as for the other hooks, and
-  only an in-process engine core (`engine_in_process`) gets GPU tensors by reference.
+  tensor in place (it packs q/k/v and gate/up itself) the first time, watched
+  (`load_weights_recording`), and later merges write straight into the views it copied into
+  (`rollout/write_plan.py`); where the CPU build repacked them, the worker's `reload_weights`.
+  Both take HF checkpoint names, on 0.24 and 0.32 alike; the model is reached as
+  `worker.model_runner.model` inside `collective_rpc`, as for the other hooks, and only an
+  in-process engine core (`engine_in_process`) gets GPU tensors (and the plan's views) by reference.
 - **The version check** (`check_vllm_version`): outside the supported range, one error line
   naming both; `VLRL_ALLOW_UNSUPPORTED_VLLM=1` turns it into a warning for people trying a newer vLLM.
 
@@ -176,17 +178,33 @@ def load_weights_direct(worker: Any, weights: Any) -> int:
     return len(loaded) if loaded is not None else -1
 
 
-def load_merged_weights(llm: Any, weights: Any, path: str, reset_prefix_cache: bool = True) -> None:
+def load_weights_recording(worker: Any, weights: Any) -> tuple[int, Any]:
+    """Worker side: `load_weights_direct`, watched (`write_plan.record_loads`); returns its count
+    and the `WritePlan`: where the model's loader put each tensor, for the next merges to write
+    there themselves. In process, the plan's tensors are views of the served parameters."""
+    from vlrl.rollout.write_plan import record_loads
+
+    return record_loads(worker.model_runner.model, lambda ws: load_weights_direct(worker, ws), weights)
+
+
+def load_merged_weights(
+    llm: Any, weights: Any, path: str, reset_prefix_cache: bool = True, record: bool = False
+) -> Any:
     """Put merged checkpoint tensors into the served model by `path` (`weights_load_path`), then
     empty the encoder cache and (unless the caller salts its prompts per weight version, see
-    `prompts_take_cache_salt`) the prefix cache: their entries were computed with the old weights."""
-    if path == "direct":
+    `prompts_take_cache_salt`) the prefix cache: their entries were computed with the old weights.
+    `record` (direct path only): returns the load's `WritePlan` (`load_weights_recording`)."""
+    plan = None
+    if path == "direct" and record:
+        plan = llm.collective_rpc(load_weights_recording, args=(weights,))[0][1]
+    elif path == "direct":
         llm.collective_rpc(load_weights_direct, args=(weights,))
     else:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
     llm.llm_engine.reset_encoder_cache()
     if reset_prefix_cache:
         llm.reset_prefix_cache()
+    return plan
 
 
 def prompts_take_cache_salt() -> bool:

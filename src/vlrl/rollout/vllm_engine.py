@@ -121,6 +121,7 @@ class VLLMEngine(RolloutEngine):
         lora_mode: str = "adapter",
         sleep_level: int = 1,
         base_source: Any = None,
+        lora_compute_dtype: str = "base",
         extra_args: dict[str, Any] | None = None,
     ):
         try:
@@ -151,7 +152,12 @@ class VLLMEngine(RolloutEngine):
         self._base_shapes: dict[str, tuple[int, ...]] = {}  # of W0, seen at the first merge
         self._pristine: dict[str, torch.Tensor] | None = None
         self.merge_path = ""  # merged mode: direct | reload (vllm_compat.weights_load_path)
+        self._write_plan: Any = None  # direct path: where vLLM's loader put each tensor (write_plan.WritePlan)
         self.served_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else None
+        # The dtype A and B enter the merge in: the trainer's (model.lora.compute_dtype; `base` on
+        # a 16-bit base casts them under autocast), so the served W is the trained policy's.
+        half = self.served_dtype in (torch.bfloat16, torch.float16)
+        self.factor_dtype = self.served_dtype if lora_compute_dtype == "base" and half else torch.float32
         self.tokenizer = tokenizer
         self.eos_id = eos_token_id
         self.use_gpu = use_gpu
@@ -238,27 +244,48 @@ class VLLMEngine(RolloutEngine):
         weights (`vllm_compat` explains both).
         """
         start = time.perf_counter()
-        # A sleeping engine's weights and LoRA slots are not in GPU memory. At level 2 the merge
-        # below rewrites every weight, so the wake does not rewrite them first.
-        self.wake_up(rewrite=False)
         if self.lora_mode == "merged":
-            if self.use_gpu:
-                torch.cuda.synchronize()
+            # At level 2 the weights are mapped back first and the KV cache after the merge's
+            # kernels are queued, so that its mapping (host-side driver calls) overlaps the merge
+            # on the GPU; the merge rewrites every weight, so the wake does not rewrite them first.
+            split_wake = self.use_gpu and self._asleep and self.sleep_level == 2
+            if split_wake:
+                self.llm.wake_up(tags=["weights"])
+            else:
+                self.wake_up(rewrite=False)
+                if self.use_gpu:
+                    torch.cuda.synchronize()
             woken = time.perf_counter()
-            self._merge_and_load(state, version)
+            try:
+                self._merge_and_load(state, version)
+            finally:
+                queued = time.perf_counter()
+                if split_wake:
+                    self.llm.wake_up(tags=["kv_cache"])
+                    self._asleep = False
+                kv_woken = time.perf_counter()
             if self.sleep_level == 2:
                 self._served = {k: v.detach().clone() for k, v in state.items()}
             self._version = version
             if self.use_gpu:
                 torch.cuda.synchronize()  # the time is the sync's, not the next generate's
-            elapsed = time.perf_counter() - start
+            end = time.perf_counter()
+            elapsed = end - start
             self.sync_times.append(elapsed)
-            # Where a sync's time goes: mapping the slept memory back, or the merge and its write.
-            self.sync_phases = {"sync_wake_s": woken - start, "sync_merge_s": elapsed - (woken - start)}
+            # Where a sync's time goes: mapping the slept memory back, or the merge and its write
+            # (the wait for its kernels included).
+            wake = (woken - start) + (kv_woken - queued)
+            self.sync_phases = {
+                "sync_wake_s": wake,
+                "sync_wake_kv_s": kv_woken - queued,
+                "sync_merge_s": elapsed - wake,
+            }
             log.info(
                 "vLLM weights v%d merged (%s, %d tensors) in %.3f s", version, self.merge_path, len(state), elapsed
             )
             return elapsed
+        # A sleeping engine's weights and LoRA slots are not in GPU memory.
+        self.wake_up()
         language, vision = vision_merge.split_adapter_state(state)
         if vision or self._vision_base is not None:
             # First: a weight reload drops vLLM's loaded adapters (0.32), so the LoRA comes after.
@@ -356,21 +383,46 @@ class VLLMEngine(RolloutEngine):
                 )
         scale = vision_merge.lora_scale(self.lora_config)
         dtype = self.served_dtype
+        plan = self._write_plan
+        record = self.merge_path == "direct" and plan is None
 
         def merged():
+            """The merged tensors for vLLM's loader; those with a place in the write plan are
+            written there instead, as the loader consumes this (one weight alive at a time)."""
             for name, base in self._base_weights(self._merge_names):
                 self._base_shapes[name] = tuple(base.shape)
                 pair = pairs.get(name)
-                if pair is None:
+                targets = plan.targets.get(name) if plan is not None else None
+                if targets:
+                    with torch.no_grad():
+                        if pair is None:
+                            targets[0].copy_(base)
+                        else:
+                            a, b = pair
+                            vision_merge.merge_lora(
+                                base, a, b, scale, name, targets[0].dtype, self.factor_dtype, out=targets[0]
+                            )
+                        for other in targets[1:]:
+                            other.copy_(targets[0])
+                elif pair is None:
                     yield name, base.to(dtype or base.dtype)
                 else:
-                    yield name, vision_merge.merge_lora(base, pair[0], pair[1], scale, name, dtype)
+                    yield name, vision_merge.merge_lora(base, pair[0], pair[1], scale, name, dtype, self.factor_dtype)
 
         weights = merged()
         if self.merge_path == "reload":
             weights = list(weights)  # a reload may look at the names first
         try:
-            compat.load_merged_weights(self.llm, weights, self.merge_path, reset_prefix_cache=not self._salt_prompts)
+            recorded = compat.load_merged_weights(
+                self.llm, weights, self.merge_path, reset_prefix_cache=not self._salt_prompts, record=record
+            )
+            if record:
+                self._write_plan = recorded
+                log.info(
+                    "vLLM merged weights: %d tensors written in place from now on, %d through vLLM's loader",
+                    len(recorded),
+                    len(recorded.loader_only),
+                )
             self._weights_dropped = False
         except VlrlError:
             raise

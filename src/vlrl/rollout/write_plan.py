@@ -1,0 +1,147 @@
+"""Where a weight loader puts each tensor, so that the next merge can write there itself.
+
+A merged-weight sync (`rollout.lora_mode=merged`) hands vLLM every merged weight through the model's
+own `load_weights`, which maps checkpoint names to its parameters (q, k and v into one `qkv_proj`,
+the HF-to-vLLM prefixes) and copies each tensor in. At 8B that costs, every sync, Python time for
+some 400 tensors and a second pass over every weight: the merge writes a fresh tensor, the loader
+copies it. A `WritePlan` is recorded during one real load instead (`record_loads`): each tensor
+goes in wrapped in a subclass that watches what the loader does with it. A tensor the loader only
+copies, whole and in its own dtype, into a view of a model parameter (the parameter, or a slice of
+a fused one) gets that view in the plan, and the next merge computes W0 + s * B @ A straight into
+it (`vision_merge.merge_lora(out=...)`). A tensor the loader converts, reshapes, or uses in any
+other way, or copies into something that is not a parameter, is left out of the plan and keeps
+going through the loader. Nothing here knows vLLM: it sees only tensors and a loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_NO_TAG = ("", None)
+
+
+@dataclass
+class WritePlan:
+    """Checkpoint name -> the parameter views its tensor was copied into, for the names the
+    loader copied plainly; `loader_only`: the names that must keep going through the loader."""
+
+    targets: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    loader_only: set[str] = field(default_factory=set)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+
+class _Recorder:
+    def __init__(self, storages: set[int]):
+        self.storages = storages  # data pointers of the parameters' storages
+        self.targets: dict[str, list[torch.Tensor]] = {}
+        self.seen: set[str] = set()
+        self.tainted: set[str] = set()
+
+    def plan(self) -> WritePlan:
+        targets = {n: t for n, t in self.targets.items() if n not in self.tainted}
+        return WritePlan(targets, (self.seen - set(targets)) | self.tainted)
+
+
+class _Watched(torch.Tensor):
+    """A tensor handed to a loader, tagged with its checkpoint name and the recorder watching it."""
+
+    _vlrl_tag: tuple[str, _Recorder | None] = _NO_TAG
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        watched = [a for a in _flat(args, kwargs) if isinstance(a, _Watched)]
+        # Every subclass's own handling off (vLLM's parameters have one too): plain tensors here.
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+            if func is torch.Tensor.copy_ and len(args) == 2 and not kwargs and isinstance(args[1], _Watched):
+                dst, src = args
+                name, recorder = src._vlrl_tag
+                if recorder is not None and not isinstance(dst, _Watched):
+                    if _plain_copy(dst, src, recorder.storages):
+                        recorder.targets.setdefault(name, []).append(dst.detach())
+                    else:
+                        recorder.tainted.add(name)
+                return result
+        if _in_place(func):  # a tensor changed before (or instead of) its copy
+            for w in watched:
+                if w._vlrl_tag[1] is not None:
+                    w._vlrl_tag[1].tainted.add(w._vlrl_tag[0])
+            return result
+        if not isinstance(result, torch.Tensor):
+            return result  # a question about the tensor (its shape, dtype, ...), not a use of it
+        if isinstance(result, _Watched) and any(result is w for w in watched):
+            return result  # the tensor itself (e.g. `.to()` of its own dtype)
+        for w in watched:
+            name, recorder = w._vlrl_tag
+            if recorder is None:
+                continue
+            if _same_view(result, w):
+                # The same memory and layout under another tensor object (`.data`, a full-range
+                # narrow for a one-way tensor parallel): still the tensor the loader was given.
+                return _watch(result, name, recorder)
+            recorder.tainted.add(name)
+        return result
+
+
+def _in_place(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _flat(args: Any, kwargs: dict) -> Iterator[Any]:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            yield from a
+        else:
+            yield a
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+    )
+
+
+def _plain_copy(dst: torch.Tensor, src: torch.Tensor, storages: set[int]) -> bool:
+    """A copy the plan can replay by writing into `dst`: same shape and dtype (no conversion on the
+    way), and `dst` lives in a parameter's storage (not a scratch buffer the loader copies on)."""
+    return (
+        tuple(dst.shape) == tuple(src.shape)
+        and dst.dtype == src.dtype
+        and dst.device == src.device
+        and dst.untyped_storage().data_ptr() in storages
+    )
+
+
+def _watch(tensor: torch.Tensor, name: str, recorder: _Recorder) -> _Watched:
+    watched = tensor.as_subclass(_Watched)
+    watched._vlrl_tag = (name, recorder)
+    return watched
+
+
+def record_loads(
+    model: torch.nn.Module, load: Callable[[Iterable[tuple[str, torch.Tensor]]], Any], weights: Iterable
+) -> tuple[Any, WritePlan]:
+    """Run `load(weights)` (a real load: every tensor goes in as usual) and return what it returned
+    and the `WritePlan` seen on the way. `model`'s parameters are the only valid destinations."""
+    with torch._C.DisableTorchFunctionSubclass():
+        recorder = _Recorder({p.untyped_storage().data_ptr() for p in model.parameters()})
+
+    def watched() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            recorder.seen.add(name)
+            yield name, _watch(tensor, name, recorder)
+
+    result = load(watched())
+    return result, recorder.plan()
