@@ -377,3 +377,47 @@ def test_sleep_level_2_rewrites_every_weight_from_the_base_and_the_last_merged_a
     assert [[c.token_ids for c in p] for p in again] == [[c.token_ids for c in p] for p in served]
     assert [[c.logprobs for c in p] for p in again] == [[c.logprobs for c in p] for p in served]
     assert rewrite_engine.adapter_version == 6 and not rewrite_engine._weights_dropped
+
+
+@pytest.mark.vllm
+def test_a_sync_writes_through_the_plan_and_falls_back_to_the_loader_when_a_write_fails(
+    trio, rewrite_engine, ci_model_dir, caplog
+):
+    """The merge loop with a write plan, on the one kind of tensor the CPU build keeps in place (the
+    final norm; on a GPU every weight): the plan, recorded through vLLM's loader, writes W0 there
+    itself (the norm was zeroed first, so only that write can bring it back), and the engine serves
+    what the loader-only engine serves. A plan whose write fails (a target that refuses in-place
+    writes) is dropped for vLLM's loader, and that same sync still serves the trained policy."""
+    import logging
+
+    from vlrl.models.vision_merge import read_checkpoint_tensors
+    from vlrl.rollout import vllm_compat
+    from vlrl.rollout.write_plan import WritePlan
+
+    worker, merged, _ = trio
+    llm = rewrite_engine.llm
+    ckpt, ours = "model.language_model.norm.weight", "language_model.model.norm.weight"
+    w0 = read_checkpoint_tensors(ci_model_dir, {ckpt})[ckpt]
+    zeros = iter([(ckpt, torch.zeros_like(w0))])
+    rewrite_engine._write_plan = vllm_compat.load_merged_weights(llm, zeros, "direct", record=True)
+    assert set(rewrite_engine._write_plan.targets) == {ckpt}
+    assert not llm.collective_rpc(vllm_compat.served_weight, args=(ours,))[0].any()
+
+    prompts = first_prompts(worker, 2)
+    set_lora_b(worker, seed=8, scale=0.2)
+    _sync(worker, (merged, rewrite_engine), 8)
+    assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(ours,))[0], w0.to(torch.float32))
+    want = [x for p in merged.generate(prompts, GREEDY) for c in p for x in c.logprobs]
+    got = [x for p in rewrite_engine.generate(prompts, GREEDY) for c in p for x in c.logprobs]
+    assert got == pytest.approx(want, abs=1e-6)
+
+    with torch.inference_mode():
+        refusing = torch.zeros_like(rewrite_engine._write_plan.targets[ckpt][0])
+    rewrite_engine._write_plan = WritePlan({ckpt: [refusing]})
+    set_lora_b(worker, seed=9, scale=0.2)
+    with caplog.at_level(logging.WARNING, logger="vlrl.rollout.vllm_engine"):
+        _sync(worker, (merged, rewrite_engine), 9)
+    assert "through the plan failed" in caplog.text and len(rewrite_engine._write_plan) == 0
+    want = [x for p in merged.generate(prompts, GREEDY) for c in p for x in c.logprobs]
+    got = [x for p in rewrite_engine.generate(prompts, GREEDY) for c in p for x in c.logprobs]
+    assert got == pytest.approx(want, abs=1e-6) and rewrite_engine.adapter_version == 9

@@ -73,6 +73,7 @@ from vlrl.rollout.vllm_setup import (  # noqa: F401  (import_vllm, vllm_lora_con
     vllm_lora_config,
     vllm_max_lora_rank,
 )
+from vlrl.rollout.write_plan import WritePlan
 
 log = logging.getLogger(__name__)
 
@@ -410,9 +411,9 @@ class VLLMEngine(RolloutEngine):
                     yield name, vision_merge.merge_lora(base, pair[0], pair[1], scale, name, dtype, self.factor_dtype)
 
         weights = merged()
-        if self.merge_path == "reload":
-            weights = list(weights)  # a reload may look at the names first
         try:
+            if self.merge_path == "reload":
+                weights = list(weights)  # a reload may look at the names first
             recorded = compat.load_merged_weights(
                 self.llm, weights, self.merge_path, reset_prefix_cache=not self._salt_prompts, record=record
             )
@@ -427,6 +428,12 @@ class VLLMEngine(RolloutEngine):
         except VlrlError:
             raise
         except Exception as exc:
+            if plan is not None and len(plan):
+                # Every merge writes every tensor from W0, so the same merge through vLLM's loader
+                # alone repairs whatever the plan wrote before it failed.
+                log.warning("writing merged weights through the plan failed (%s); vLLM's loader from now on", exc)
+                self._write_plan = WritePlan()
+                return self._merge_and_load(state, version)
             raise VlrlError(
                 f"this vLLM could not take the merged weights of adapter version {version} in place "
                 f"({_first_line(exc)}); use rollout.lora_mode=adapter"
