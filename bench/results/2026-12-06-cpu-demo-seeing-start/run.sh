@@ -2,8 +2,9 @@
 # Issue 32, CPU demo: does a vision tower that already SEES the maze (dense labels: walls, agent,
 # goal, open moves; `vlrl model pretrain-vision`, no paths, no actions) let GRPO go past the walker
 # it imitated? Shared start per seed: random "ci" model -> vision pretraining -> SFT on the walker
-# (the demo's SFT, loss target 0.27). Arm B: GRPO from that start (T 1.5, GiGPO, group 16 x 4 tasks,
-# 80 steps). Arm A: the same SFT continued for arm B's wall time. Greedy evaluation of the start,
+# (the demo's SFT, loss target 0.27). Arm B: GRPO from that start, the demo's own recipe
+# (configs/demo-cpu.yaml: T 0.6, group 8 x 8 tasks, 2 epochs, lr 1e-3 cosine, 80 steps; T 1.5 left
+# this shorter SFT's samples all invalid). Arm A: the same SFT continued for arm B's wall time. Greedy evaluation of the start,
 # both arms and (from the same traces) the walker on 400 holdout mazes, paired McNemar.
 # Two seeds side by side, one thread each (2-core machine). From the checkout's root:
 #   bash bench/results/2026-12-06-cpu-demo-seeing-start/run.sh
@@ -22,6 +23,7 @@ wall() { python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv
 
 stage seeing
 for S in $SEEDS; do
+  [ -f $W/seeing_$S/model.safetensors ] && continue  # a rerun keeps the stages it has
   ( t0=$(date +%s.%N)
     $V model pretrain-vision $C model.path=$W/tiny-demo-ci model.init_tiny=null runtime.torch_threads=1 \
       train.seed=$S train.vision_pretrain.steps=300 train.vision_pretrain.eval_every=100 -o $W/seeing_$S \
@@ -31,6 +33,7 @@ done; wait
 
 stage sft0
 for S in $SEEDS; do
+  [ -f $W/sft0_$S/vlrl_sft.json ] && continue
   ( t0=$(date +%s.%N)
     $V sft $C model.path=$W/seeing_$S model.init_tiny=null train.seed=$S $COMMON -o $W/sft0_$S > $W/logs/sft0_$S.log 2>&1
     wall $t0 > $W/logs/sft0_$S.wall ) &
@@ -39,8 +42,8 @@ done; wait
 stage armB
 for S in $SEEDS; do
   ( t0=$(date +%s.%N)
+    rm -rf $W/runs/B_$S
     $V train $C model.path=$W/sft0_$S model.init_tiny=null $COMMON storage.run_name=B_$S \
-      rollout.temperature=1.5 algo.step_advantage_weight=1.0 algo.group_size=16 algo.tasks_per_step=4 \
       train.seed=$S --quiet > $W/logs/B_$S.log 2>&1
     echo "rc=$?" >> $W/logs/B_$S.log
     wall $t0 > $W/logs/B_$S.wall ) &
