@@ -8,6 +8,8 @@
 # both arms and (from the same traces) the walker on 400 holdout mazes, paired McNemar.
 # Two seeds side by side, one thread each (2-core machine). From the checkout's root:
 #   bash bench/results/2026-12-06-cpu-demo-seeing-start/run.sh
+#   W=/tmp/seeingL LONG=1 B_SET="rollout.temperature=1.5 algo.step_advantage_weight=1.0 algo.group_size=16 \
+#     algo.tasks_per_step=4" bash bench/results/2026-12-06-cpu-demo-seeing-start/run.sh
 set -u
 cd "$(git rev-parse --show-toplevel)"
 W=${W:-/tmp/seeing}
@@ -39,12 +41,28 @@ for S in $SEEDS; do
     wall $t0 > $W/logs/sft0_$S.wall ) &
 done; wait
 
+# LONG=1: the start is sft0 continued for 5 more epochs without a loss target (sftL, as in
+# 2026-12-06-cpu-demo-equal-compute-t15g16), and B_SET (e.g. the T 1.5 GiGPO recipe) goes to arm B.
+START=sft0
+if [ -n "${LONG:-}" ]; then
+  START=sftL
+  stage sftL
+  for S in $SEEDS; do
+    [ -f $W/sftL_$S/vlrl_sft.json ] && continue
+    ( t0=$(date +%s.%N)
+      $V sft $C model.path=$W/sft0_$S model.init_tiny=null train.sft.target_loss=null train.sft.epochs=5 \
+        train.seed=$((1000+S)) $COMMON -o $W/sftL_$S > $W/logs/sftL_$S.log 2>&1
+      wall $t0 > $W/logs/sftL_$S.wall ) &
+  done; wait
+fi
+
 stage armB
 for S in $SEEDS; do
   ( t0=$(date +%s.%N)
     rm -rf $W/runs/B_$S
-    $V train $C model.path=$W/sft0_$S model.init_tiny=null $COMMON storage.run_name=B_$S \
-      train.seed=$S --quiet > $W/logs/B_$S.log 2>&1
+    # shellcheck disable=SC2086
+    $V train $C model.path=$W/${START}_$S model.init_tiny=null $COMMON storage.run_name=B_$S \
+      train.seed=$S ${B_SET:-} --quiet > $W/logs/B_$S.log 2>&1
     echo "rc=$?" >> $W/logs/B_$S.log
     wall $t0 > $W/logs/B_$S.wall ) &
 done; wait
@@ -54,7 +72,7 @@ for S in $SEEDS; do
   MIN=$(python3 -c "print(round(float(open('$W/logs/B_$S.wall').read()) / 60, 3))")
   echo "seed $S: arm B $(cat $W/logs/B_$S.wall) s -> train.sft.max_minutes=$MIN" | tee -a $W/logs/stages.txt
   ( t0=$(date +%s.%N)
-    $V sft $C model.path=$W/sft0_$S model.init_tiny=null train.sft.max_minutes=$MIN train.sft.target_loss=null \
+    $V sft $C model.path=$W/${START}_$S model.init_tiny=null train.sft.max_minutes=$MIN train.sft.target_loss=null \
       train.sft.epochs=50 train.seed=$((2000+S)) $COMMON -o $W/A_$S > $W/logs/A_$S.log 2>&1
     echo "rc=$?" >> $W/logs/A_$S.log
     wall $t0 > $W/logs/A_$S.wall ) &
@@ -62,9 +80,10 @@ done; wait
 
 stage eval
 for S in $SEEDS; do
-  ( $V eval -c $C --model $W/sft0_$S model.init_tiny=null $COMMON -n 400 -o $W/eval-sft0_$S > $W/logs/eval-sft0_$S.log 2>&1
+  ( $V eval -c $C --model $W/${START}_$S model.init_tiny=null $COMMON -n 400 -o $W/eval-${START}_$S \
+      > $W/logs/eval-${START}_$S.log 2>&1
     $V eval -c $C --model $W/A_$S model.init_tiny=null $COMMON -n 400 -o $W/eval-A_$S > $W/logs/eval-A_$S.log 2>&1
-    $V eval -c $C --model $W/sft0_$S --adapter $W/runs/B_$S/adapter model.init_tiny=null $COMMON --no-base -n 400 \
+    $V eval -c $C --model $W/${START}_$S --adapter $W/runs/B_$S/adapter model.init_tiny=null $COMMON --no-base -n 400 \
       -o $W/eval-B_$S > $W/logs/eval-B_$S.log 2>&1
   ) &
 done; wait
@@ -72,7 +91,7 @@ done; wait
 stage pair
 for S in $SEEDS; do
   PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py \
-    sft0=$(ls $W/eval-sft0_$S/*/traces.jsonl) A=$(ls $W/eval-A_$S/*/traces.jsonl) B=$(ls $W/eval-B_$S/*/traces.jsonl) \
+    $START=$(ls $W/eval-${START}_$S/*/traces.jsonl) A=$(ls $W/eval-A_$S/*/traces.jsonl) B=$(ls $W/eval-B_$S/*/traces.jsonl) \
     > $W/paired_$S.json 2> $W/logs/pair_$S.log
 done
 stage done
