@@ -1,7 +1,7 @@
 """Copy the small outputs of run.sh from /tmp/seeing into this folder: eval summaries, paired JSONs, SFT histories,
 arm B curves (step, sampled success of the batch, entropy, wall bumps; in-run evals), wall times per stage.
 
-usage: [W=/tmp/e3 SEEDS="2 3"] python bench/results/2026-12-06-cpu-demo-seeing-start/collect.py
+usage: [W=/tmp/seeingL START=sftL SUBDIR=long SEEDS="0 1"] python bench/results/2026-12-06-cpu-demo-seeing-start/collect.py
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 
 W = Path(os.environ.get("W", "/tmp/seeing"))  # run.sh's W and SEEDS
 SEEDS = [int(x) for x in os.environ.get("SEEDS", "0 1").split()]
-HERE = Path(__file__).resolve().parent
+START = os.environ.get("START", "sft0")  # run.sh's start: sft0, or sftL with LONG=1
+HERE = Path(__file__).resolve().parent / os.environ.get("SUBDIR", "")
+HERE.mkdir(exist_ok=True)
 
 
 def mean(xs):
@@ -21,14 +23,14 @@ def mean(xs):
 
 
 for s in SEEDS:
-    for name in ("sft0", "A", "B"):
+    for name in (START, "A", "B"):
         (summary,) = (W / f"eval-{name}_{s}").glob("*/summary.json")
         shutil.copy(summary, HERE / f"seed{s}-eval-{name}-summary.json")
     shutil.copy(W / f"paired_{s}.json", HERE / f"seed{s}-paired.json")
-    for name in ("sft0", "A"):
+    for name in ("sft0", *([START] if START != "sft0" else []), "A"):
         shutil.copy(W / f"{name}_{s}" / "sft_history.json", HERE / f"seed{s}-{name}-sft_history.json")
     shutil.copy(W / f"seeing_{s}" / "vision_pretrain_history.json", HERE / f"seed{s}-seeing-history.json")
-    walls = {stage: (W / "logs" / f"{stage}_{s}.wall").read_text().strip() for stage in ("seeing", "sft0", "B", "A")}
+    walls = {stage: (W / "logs" / f"{stage}_{s}.wall").read_text().strip() for stage in ("seeing", "sft0", *([START] if START != "sft0" else []), "B", "A")}
     (HERE / f"seed{s}-wall-s.json").write_text(json.dumps(walls, indent=1))
     rows = [json.loads(line) for line in open(W / "runs" / f"B_{s}" / "metrics.jsonl")]
     steps = [r for r in rows if "rollout/success_all" in r]
