@@ -1,7 +1,8 @@
 """Copy the small outputs of run.sh from /tmp/seeing into this folder: eval summaries, paired JSONs, SFT histories,
 arm B curves (step, sampled success of the batch, entropy, wall bumps; in-run evals), wall times per stage.
 
-usage: [W=/tmp/seeingL START=sftL SUBDIR=long SEEDS="0 1"] python bench/results/2026-12-06-cpu-demo-seeing-start/collect.py
+usage: [W=/tmp/seeingL START=sftL SUBDIR=long SEEDS="0 1"] \
+    python bench/results/2026-12-06-cpu-demo-seeing-start/collect.py
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ for s in SEEDS:
     for name in ("sft0", *([START] if START != "sft0" else []), "A"):
         shutil.copy(W / f"{name}_{s}" / "sft_history.json", HERE / f"seed{s}-{name}-sft_history.json")
     shutil.copy(W / f"seeing_{s}" / "vision_pretrain_history.json", HERE / f"seed{s}-seeing-history.json")
-    walls = {stage: (W / "logs" / f"{stage}_{s}.wall").read_text().strip() for stage in ("seeing", "sft0", *([START] if START != "sft0" else []), "B", "A")}
+    walls = {
+        stage: (W / "logs" / f"{stage}_{s}.wall").read_text().strip()
+        for stage in ("seeing", "sft0", *([START] if START != "sft0" else []), "B", "A")
+    }
     (HERE / f"seed{s}-wall-s.json").write_text(json.dumps(walls, indent=1))
     rows = [json.loads(line) for line in open(W / "runs" / f"B_{s}" / "metrics.jsonl")]
     steps = [r for r in rows if "rollout/success_all" in r]
