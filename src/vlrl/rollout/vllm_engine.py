@@ -153,7 +153,7 @@ class VLLMEngine(RolloutEngine):
         self._base_shapes: dict[str, tuple[int, ...]] = {}  # of W0, seen at the first merge
         self._pristine: dict[str, torch.Tensor] | None = None
         self.merge_path = ""  # merged mode: direct | reload (vllm_compat.weights_load_path)
-        self._write_plan: Any = None  # direct path: where vLLM's loader put each tensor (write_plan.WritePlan)
+        self._write_plan: WritePlan | None = None  # direct path: where vLLM's loader put each tensor
         self.served_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else None
         # The dtype A and B enter the merge in: the trainer's (model.lora.compute_dtype; `base` on
         # a 16-bit base casts them under autocast), so the served W is the trained policy's.
@@ -393,22 +393,18 @@ class VLLMEngine(RolloutEngine):
             for name, base in self._base_weights(self._merge_names):
                 self._base_shapes[name] = tuple(base.shape)
                 pair = pairs.get(name)
-                targets = plan.targets.get(name) if plan is not None else None
-                if targets:
-                    with torch.no_grad():
-                        if pair is None:
-                            targets[0].copy_(base)
-                        else:
-                            a, b = pair
-                            vision_merge.merge_lora(
-                                base, a, b, scale, name, targets[0].dtype, self.factor_dtype, out=targets[0]
-                            )
-                        for other in targets[1:]:
-                            other.copy_(targets[0])
-                elif pair is None:
-                    yield name, base.to(dtype or base.dtype)
-                else:
-                    yield name, vision_merge.merge_lora(base, pair[0], pair[1], scale, name, dtype, self.factor_dtype)
+                targets = plan.targets.get(name, []) if plan is not None else []
+                out = targets[0] if targets else None
+                with torch.no_grad():
+                    if pair is None:
+                        tensor = base.to(dtype or base.dtype) if out is None else out.copy_(base)
+                    else:
+                        to = dtype if out is None else out.dtype
+                        tensor = vision_merge.merge_lora(base, *pair, scale, name, to, self.factor_dtype, out=out)
+                    for other in targets[1:]:
+                        other.copy_(tensor)
+                if out is None:
+                    yield name, tensor
 
         weights = merged()
         try:

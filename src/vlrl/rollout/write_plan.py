@@ -21,8 +21,6 @@ from typing import Any
 
 import torch
 
-_NO_TAG = ("", None)
-
 
 @dataclass
 class WritePlan:
@@ -51,7 +49,7 @@ class _Recorder:
 class _Watched(torch.Tensor):
     """A tensor handed to a loader, tagged with its checkpoint name and the recorder watching it."""
 
-    _vlrl_tag: tuple[str, _Recorder | None] = _NO_TAG
+    _vlrl_tag: tuple[str, _Recorder]  # set by `_watch`, the only way one is made
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -63,7 +61,7 @@ class _Watched(torch.Tensor):
             if func is torch.Tensor.copy_ and len(args) == 2 and not kwargs and isinstance(args[1], _Watched):
                 dst, src = args
                 name, recorder = src._vlrl_tag
-                if recorder is not None and not isinstance(dst, _Watched):
+                if not isinstance(dst, _Watched):
                     if _plain_copy(dst, src, recorder.storages):
                         recorder.targets.setdefault(name, []).append(dst.detach())
                     else:
@@ -71,8 +69,8 @@ class _Watched(torch.Tensor):
                 return result
         if _in_place(func):  # a tensor changed before (or instead of) its copy
             for w in watched:
-                if w._vlrl_tag[1] is not None:
-                    w._vlrl_tag[1].tainted.add(w._vlrl_tag[0])
+                name, recorder = w._vlrl_tag
+                recorder.tainted.add(name)
             return result
         if not isinstance(result, torch.Tensor):
             return result  # a question about the tensor (its shape, dtype, ...), not a use of it
@@ -80,8 +78,6 @@ class _Watched(torch.Tensor):
             return result  # the tensor itself (e.g. `.to()` of its own dtype)
         for w in watched:
             name, recorder = w._vlrl_tag
-            if recorder is None:
-                continue
             if _same_view(result, w):
                 # The same memory and layout under another tensor object (`.data`, a full-range
                 # narrow for a one-way tensor parallel): still the tensor the loader was given.
