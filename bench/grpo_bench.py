@@ -299,6 +299,7 @@ TRAINER_KEYS = {
     "time/sync_wake_s": "sync_wake_s",  # vLLM merged mode: mapping the slept weights back
     "time/sync_wake_kv_s": "sync_wake_kv_s",  # ... of which the KV cache, mapped while the merge runs
     "time/sync_merge_s": "sync_merge_s",  # ... and the merge written into them
+    "time/sync_merge_host_s": "sync_merge_host_s",  # ... of which the host's time to queue it
     "reward/mean": "reward_mean",
     "train/loss": "loss",
 }
@@ -1139,6 +1140,7 @@ def format_table(result: dict[str, Any]) -> str:
     row("    wake (map weights back)", "sync_wake_s", "{:.4f}")
     row("      of which the KV cache", "sync_wake_kv_s", "{:.4f}")
     row("    merge + write", "sync_merge_s", "{:.4f}")
+    row("      host time to queue it", "sync_merge_host_s", "{:.4f}")
     row("peak GPU memory GiB (allocated)", "peak_allocated_gib", "{:.1f}", where="memory")
     row("peak GPU memory GiB (reserved)", "peak_reserved_gib", "{:.1f}", where="memory")
     row("  probes after the steps (allocated)", "probes_peak_allocated_gib", "{:.1f}", where="memory")

@@ -48,6 +48,7 @@ def _engine(worker, ci_model_dir, lora_mode: str, base_source=None, kv_cache_mem
         lora_mode=lora_mode,
         sleep_level=sleep_level,
         base_source=base_source,
+        base_resident=base_source is not None,  # the one worker's own parameters, as Worker passes them
     )
 
 
@@ -406,6 +407,9 @@ def test_a_sync_writes_through_the_plan_and_falls_back_to_the_loader_when_a_writ
     prompts = first_prompts(worker, 2)
     set_lora_b(worker, seed=8, scale=0.2)
     _sync(worker, (merged, rewrite_engine), 8)
+    # The plan bound into a merge program: the norm is its one copy, the rest goes through the loader.
+    assert len(rewrite_engine._program) == 1 and ckpt not in rewrite_engine._loader_names
+    assert len(rewrite_engine._loader_names) == len(rewrite_engine._merge_names) - 1
     assert torch.equal(llm.collective_rpc(vllm_compat.served_weight, args=(ours,))[0], w0.to(torch.float32))
     want = [x for p in merged.generate(prompts, GREEDY) for c in p for x in c.logprobs]
     got = [x for p in rewrite_engine.generate(prompts, GREEDY) for c in p for x in c.logprobs]

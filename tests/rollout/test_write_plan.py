@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from vlrl.rollout.write_plan import record_loads
+from vlrl.models.vision_merge import merge_lora
+from vlrl.rollout.write_plan import MergeProgram, record_loads
 
 
 class _OwnParameter(torch.nn.Parameter):
@@ -90,3 +91,64 @@ def test_a_plan_of_nothing_plainly_copied_is_empty():
     model = _Model()
     _, plan = record_loads(model, _loader(model), iter([("t", torch.randn(4, 4))]))
     assert len(plan) == 0 and plan.loader_only == {"t"}
+
+
+def _program_setup(factor_dtype):
+    """A plan recorded from the stand-in loader, LoRA on q and o (o copied into two views: a weight
+    some loaders copy twice), the base W0 and the views bound into a `MergeProgram`."""
+    model = _Model()
+    g = torch.Generator().manual_seed(1)
+    base = {n: torch.randn(2, 4, generator=g) for n in "qkv"} | {"o": torch.randn(4, 4, generator=g)}
+    _, plan = record_loads(model, _loader(model), iter((n, w.clone()) for n, w in base.items()))
+    second_o = torch.zeros(4, 4)
+    plan.targets["o"].append(second_o)
+    program = MergeProgram(
+        [(n, base[n], plan.targets[n]) for n in ("q", "o")],
+        [(base[n], plan.targets[n]) for n in ("k", "v")],
+        scale=0.5,
+        factor_dtype=factor_dtype,
+    )
+    return model, base, plan, second_o, program
+
+
+def _pairs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "q": (torch.randn(3, 4, generator=g), torch.randn(2, 3, generator=g)),
+        "o": (torch.randn(3, 4, generator=g), torch.randn(4, 3, generator=g)),
+    }
+
+
+def test_a_merge_program_writes_what_the_per_tensor_merge_writes_bit_for_bit():
+    for factor_dtype in (torch.float32, torch.bfloat16):
+        model, base, plan, second_o, program = _program_setup(factor_dtype)
+        assert program.names == ["q", "o"] and len(program) == 4
+        model.qkv.data.zero_()  # what a level-2 sleep leaves: nothing
+        pairs = _pairs(2)
+        program.load(pairs)
+        program.run()
+        want = {n: merge_lora(base[n], *pairs[n], 0.5, n, torch.float32, factor_dtype) for n in ("q", "o")}
+        assert torch.equal(model.qkv[:2], want["q"]) and torch.equal(model.o, want["o"])
+        assert torch.equal(second_o, want["o"])
+        assert torch.equal(model.qkv[2:4], base["k"]) and torch.equal(model.qkv[4:], base["v"])  # the copies
+
+
+def test_a_merge_program_keeps_the_version_it_loaded_and_always_merges_from_w0():
+    """A run without a load (a wake's rewrite) writes the last loaded version again, even after the
+    caller's tensors changed; every run starts from W0, so A, B, A gives A's weights exactly."""
+    model, base, _, _, program = _program_setup(torch.bfloat16)
+    first = _pairs(3)
+    program.load(first)
+    program.run()
+    served = model.o.detach().clone()
+    for a, b in first.values():
+        a.add_(1.0), b.mul_(3.0)  # the policy's live tensors move on after the sync
+    model.o.data.zero_()
+    program.run()
+    assert torch.equal(model.o, served)
+    program.load(_pairs(4))
+    program.run()
+    assert not torch.equal(model.o, served)
+    program.load(_pairs(3))
+    program.run()
+    assert torch.equal(model.o, served)

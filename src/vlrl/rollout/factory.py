@@ -56,7 +56,8 @@ def build_engine(
         `vllm_memory_share`; unused on CPU). `world_size`: workers of the policy (vLLM's sleep level,
     `resolve_sleep_level`). `engine_args`: constructor arguments of the engine that
         override the config's (benchmarks: `ignore_eos`, `max_num_seqs`, `extra_args`, ...; the worker:
-        `base_source`, where a merging vLLM engine reads W0).
+        `base_source`, where a merging vLLM engine reads W0, and `base_resident`, whether it yields
+        the same tensors every time).
     """
     from vlrl.models.loading import vision_special_token_ids
 

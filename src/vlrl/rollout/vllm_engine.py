@@ -73,7 +73,7 @@ from vlrl.rollout.vllm_setup import (  # noqa: F401  (import_vllm, vllm_lora_con
     vllm_lora_config,
     vllm_max_lora_rank,
 )
-from vlrl.rollout.write_plan import WritePlan
+from vlrl.rollout.write_plan import MergeProgram, WritePlan
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ class VLLMEngine(RolloutEngine):
         lora_mode: str = "adapter",
         sleep_level: int = 1,
         base_source: Any = None,
+        base_resident: bool = False,
         lora_compute_dtype: str = "base",
         extra_args: dict[str, Any] | None = None,
     ):
@@ -148,6 +149,12 @@ class VLLMEngine(RolloutEngine):
         self._served: dict[str, torch.Tensor] = {}  # level 2: the adapter last merged, to rewrite on a wake
         # names -> iterator of (checkpoint name, W0) in that order; None: the engine's own pristine copy
         self.base_source = base_source
+        # base_source yields the same tensors at every call (one worker: the policy's own), so a
+        # MergeProgram may hold them; the engine's pristine copy always stays where it is.
+        self._base_resident = base_resident or base_source is None
+        self._program: MergeProgram | None = None  # the write plan bound to its tensors (write_plan.py)
+        self._program_plan: WritePlan | None = None  # the plan it was bound from
+        self._loader_names: list[str] = []  # with a program: the tensors it leaves to vLLM's loader
         self._merge_names: list[str] | None = None  # checkpoint tensors rewritten per sync (merged mode)
         self._lora_names: set[str] = set()
         self._base_shapes: dict[str, tuple[int, ...]] = {}  # of W0, seen at the first merge
@@ -266,7 +273,7 @@ class VLLMEngine(RolloutEngine):
                     self._asleep = False
                 kv_woken = time.perf_counter()
             if self.sleep_level == 2:
-                self._served = {k: v.detach().clone() for k, v in state.items()}
+                self._keep_served(state)
             self._version = version
             if self.use_gpu:
                 torch.cuda.synchronize()  # the time is the sync's, not the next generate's
@@ -280,6 +287,7 @@ class VLLMEngine(RolloutEngine):
                 "sync_wake_s": wake,
                 "sync_wake_kv_s": kv_woken - queued,
                 "sync_merge_s": elapsed - wake,
+                "sync_merge_host_s": queued - woken,  # the host's share: until the last kernel is queued
             }
             log.info(
                 "vLLM weights v%d merged (%s, %d tensors) in %.3f s", version, self.merge_path, len(state), elapsed
@@ -386,11 +394,17 @@ class VLLMEngine(RolloutEngine):
         dtype = self.served_dtype
         plan = self._write_plan
         record = self.merge_path == "direct" and plan is None
+        program = self._program if self._program_plan is plan else None
+        if program is None and plan is not None and len(plan) and self._base_resident:
+            program = self._program = self._bind_program(plan, pairs, scale)
+            self._program_plan = plan
+        # What the program does not cover goes through the per-tensor loop below.
+        names = self._merge_names if program is None else self._loader_names
 
         def merged():
             """The merged tensors for vLLM's loader; those with a place in the write plan are
             written there instead, as the loader consumes this (one weight alive at a time)."""
-            for name, base in self._base_weights(self._merge_names):
+            for name, base in self._base_weights(names):
                 self._base_shapes[name] = tuple(base.shape)
                 pair = pairs.get(name)
                 targets = plan.targets.get(name, []) if plan is not None else []
@@ -408,6 +422,9 @@ class VLLMEngine(RolloutEngine):
 
         weights = merged()
         try:
+            if program is not None:
+                program.load(pairs)
+                program.run()
             if self.merge_path == "reload":
                 weights = list(weights)  # a reload may look at the names first
             recorded = compat.load_merged_weights(
@@ -428,7 +445,7 @@ class VLLMEngine(RolloutEngine):
                 # Every merge writes every tensor from W0, so the same merge through vLLM's loader
                 # alone repairs whatever the plan wrote before it failed.
                 log.warning("writing merged weights through the plan failed (%s); vLLM's loader from now on", exc)
-                self._write_plan = WritePlan()
+                self._write_plan, self._program, self._program_plan = WritePlan(), None, None
                 return self._merge_and_load(state, version)
             raise VlrlError(
                 f"this vLLM could not take the merged weights of adapter version {version} in place "
@@ -437,6 +454,34 @@ class VLLMEngine(RolloutEngine):
         self._merges += 1
         if self._salt_prompts:  # KV blocks of earlier weights can no longer be matched
             self._cache_salt = f"vlrl-weights-{self._merges}"
+
+    def _keep_served(self, state: dict[str, torch.Tensor]) -> None:
+        """Level 2: keep a copy of the adapter just merged, for a wake to rewrite the same weights
+        (the state may be the policy's live LoRA tensors, which the next update changes). The
+        buffers are made once and refilled in one call."""
+        if set(self._served) != set(state) or any(self._served[k].shape != v.shape for k, v in state.items()):
+            self._served = {k: torch.empty_like(v) for k, v in state.items()}
+        with torch.no_grad():
+            torch._foreach_copy_(list(self._served.values()), [state[k] for k in self._served])
+
+    def _bind_program(self, plan: WritePlan, pairs: dict, scale: float) -> MergeProgram:
+        """The write plan bound to W0 and its views for every tensor it covers (`MergeProgram`);
+        the rest (`_loader_names`) keeps going through vLLM's loader."""
+        covered = [n for n in self._merge_names if plan.targets.get(n)]
+        bases = dict(self._base_weights(covered))
+        for name, base in bases.items():
+            self._base_shapes[name] = tuple(base.shape)
+        merges = [(n, bases[n], plan.targets[n]) for n in covered if n in pairs]
+        copies = [(bases[n], plan.targets[n]) for n in covered if n not in pairs]
+        covered_set = set(covered)
+        self._loader_names = [n for n in self._merge_names if n not in covered_set]
+        log.info(
+            "vLLM merged weights: a merge program for %d LoRA weights and %d copies; %d tensors through the loader",
+            len(merges),
+            len(copies),
+            len(self._loader_names),
+        )
+        return MergeProgram(merges, copies, scale, self.factor_dtype)
 
     def _base_weights(self, names: list[str]):
         """(checkpoint name, W0) in `names`' order: from `base_source` (the policy's frozen

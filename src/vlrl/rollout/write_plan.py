@@ -141,3 +141,67 @@ def record_loads(
 
     result = load(watched())
     return result, recorder.plan()
+
+
+class MergeProgram:
+    """A write plan bound to its tensors, replayed by every sync after the one that recorded it.
+
+    The loop a sync would otherwise run in Python once per checkpoint tensor (some 800 at 8B shape:
+    the name lookups, the checks, a cast of A and of B, the merge, each its own call) was most of a
+    merge's time: the GPU waited for the host. Here the tensors are gathered once. A sync then copies
+    the new A and B into the program's buffers in one call (`torch._foreach_copy_`, cast to the
+    factor dtype on the way), merges each LoRA weight into its view (`vision_merge.merge_lora`: one
+    `addmm` on a GPU with a 16-bit base), and copies the tensors without LoRA (those a level-2 sleep
+    dropped) in one more call. The arithmetic is the per-tensor loop's, so the weights are the same
+    bit for bit.
+
+    Only for bases that stay where they are between syncs (the policy's own frozen weights on one
+    worker, or the engine's pristine copy): the program holds them.
+    """
+
+    def __init__(
+        self,
+        merges: list[tuple[str, torch.Tensor, list[torch.Tensor]]],
+        copies: list[tuple[torch.Tensor, list[torch.Tensor]]],
+        scale: float,
+        factor_dtype: torch.dtype,
+    ):
+        self.names = [name for name, _, _ in merges]  # the LoRA weights, in merge order
+        self._merges = merges  # (checkpoint name, W0, the plan's views)
+        self._scale, self._factor_dtype = scale, factor_dtype
+        self._a: list[torch.Tensor] = []  # A and B as last loaded, in the factor dtype
+        self._b: list[torch.Tensor] = []
+        # The tensors without LoRA: one source and one destination list (a fused view gets its own entry).
+        self._copy_src = [base for base, views in copies for _ in views]
+        self._copy_dst = [view for _, views in copies for view in views]
+
+    def __len__(self) -> int:
+        return len(self._merges) + len(self._copy_dst)
+
+    def load(self, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy this version's A and B (`vision_merge.lora_pairs`) into the program's buffers."""
+        if not self.names:
+            return
+        a = [pairs[name][0] for name in self.names]
+        b = [pairs[name][1] for name in self.names]
+        if not self._a:
+            device = self._merges[0][1].device if self._merges else None
+            self._a = [torch.empty(t.shape, dtype=self._factor_dtype, device=device) for t in a]
+            self._b = [torch.empty(t.shape, dtype=self._factor_dtype, device=device) for t in b]
+        with torch.no_grad():
+            torch._foreach_copy_(self._a + self._b, a + b)
+
+    def run(self) -> None:
+        """Write W0 + scale * B @ A (from the loaded A and B) and every LoRA-free tensor into the
+        served weights."""
+        from vlrl.models.vision_merge import merge_lora
+
+        if self._merges and not self._a:
+            raise RuntimeError("MergeProgram.run before any load")
+        with torch.no_grad():
+            for (name, base, views), a, b in zip(self._merges, self._a, self._b):
+                first = merge_lora(base, a, b, self._scale, name, views[0].dtype, self._factor_dtype, out=views[0])
+                for other in views[1:]:
+                    other.copy_(first)
+            if self._copy_dst:
+                torch._foreach_copy_(self._copy_dst, self._copy_src)

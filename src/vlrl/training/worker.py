@@ -141,6 +141,9 @@ class Worker:
         merging = {}
         if name == "vllm" and self.config.rollout.merged_base == "policy":
             merging["base_source"] = self._policy_base_weights  # W0 for merged mode: the policy's frozen base
+            # One worker hands out its parameters themselves (the same tensors every sync); a group
+            # all-gathers each weight anew.
+            merging["base_resident"] = self.world_size == 1
         return build_engine(
             self.config,
             self.chat,
