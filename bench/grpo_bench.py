@@ -499,6 +499,8 @@ def run_probes(settings, trainer, memory_log, group_advantages, RolloutStats) ->
         awake = _free_bytes(device)
         engine.sleep()
         memory_log["sleep_freed_gib"] = (_free_bytes(device) - awake) / 2**30
+        # A merging engine's own level-2 sleep (vllm_compat.release_for_rewrite): what stayed mapped.
+        memory_log.update({f"sleep_{k}": v for k, v in getattr(engine, "sleep_stats", {}).items()})
     update_probes = {}
     if settings.probe_recompute:
         update_probes["recompute"] = _update_with_recompute(worker, check, advantages, device)
@@ -1148,6 +1150,9 @@ def format_table(result: dict[str, Any]) -> str:
     row("peak host memory GiB (RSS)", "host_peak_rss_gib", "{:.1f}", where="memory")
     row("GPU free after worker start GiB", "free_after_worker_start_gib", "{:.1f}")
     row("GPU memory freed by sleep GiB", "sleep_freed_gib", "{:.1f}")
+    row("  weights left mapped while asleep GiB", "sleep_weights_kept_gib", "{:.1f}")
+    row("  weight allocations unmapped", "sleep_weight_allocations_released", "{:.0f}")
+    row("  weight allocations in all", "sleep_weight_allocations", "{:.0f}")
     row("update peak allocated GiB", "update_peak_allocated_gib", "{:.1f}")
     if "vlrl" in result:
         for batch, figures in result["vlrl"]["decode_sweep"].items():

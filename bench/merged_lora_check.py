@@ -52,6 +52,9 @@ MODES = {  # name: (rollout.lora_mode, rollout.merged_base, rollout.sleep_level)
     "merged": ("merged", "policy", 1),
     "merged-copy": ("merged", "copy", 1),
     "merged-sleep2": ("merged", "policy", 2),  # weights dropped while the policy trains, rewritten on wake
+    # The same, with every weight allocation unmapped (the tiny model has none as large as the
+    # engine's threshold, so merged-sleep2 unmaps only its KV cache): the wake's rewrite must restore them.
+    "merged-sleep2-all": ("merged", "policy", 2),
 }
 
 
@@ -114,6 +117,10 @@ def run_one(mode: str, args) -> dict:
         *args.set,
     ]
     cfg = load_config(ROOT / "configs" / "ci-tiny.yaml", overrides)
+    if mode.endswith("-all"):
+        from vlrl.rollout import vllm_engine
+
+        vllm_engine.RELEASE_MIN_WEIGHT_BYTES = 0
     mem0 = torch.cuda.memory_allocated() if gpu else 0
     t0 = time.perf_counter()
     worker = Worker(cfg, total_optimizer_steps=4)
@@ -140,6 +147,7 @@ def run_one(mode: str, args) -> dict:
         engine.sleep()
         torch.cuda.synchronize()
         out["sleep_s"] = time.perf_counter() - t0
+        out["sleep_stats"] = dict(getattr(engine, "sleep_stats", {}))
         out["sync_after_sleep_s"] = worker.sync_adapter(args.syncs + 1)
     out["merge_path"] = getattr(engine, "merge_path", "") or None
     out["adapter_transport"] = engine.adapter_transport

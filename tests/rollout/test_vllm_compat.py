@@ -9,7 +9,7 @@ import pytest
 
 from vlrl.errors import VlrlError
 from vlrl.rollout.factory import POLICY_HEADROOM_BYTES, vllm_memory_share
-from vlrl.rollout.vllm_compat import ALLOW_UNSUPPORTED_ENV, check_vllm_version, parse_version
+from vlrl.rollout.vllm_compat import ALLOW_UNSUPPORTED_ENV, check_vllm_version, handles_to_release, parse_version
 
 GIB = 2**30
 
@@ -61,3 +61,21 @@ def test_config_accepts_auto_and_refuses_out_of_range_shares(ci_config):
     assert ci_config("rollout.gpu_memory_utilization=auto").rollout.gpu_memory_utilization == "auto"
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         ci_config("rollout.gpu_memory_utilization=1.5")
+
+
+def test_a_sleep_for_a_rewrite_unmaps_the_kv_cache_and_the_large_weights_without_buffers():
+    """What `release_for_rewrite` unmaps (the pure choice; the unmapping itself needs CUDA):
+    every KV-cache allocation, a weight allocation from the threshold up, never one that holds a
+    buffer (nothing rewrites a rotary table), never a small one or one of another tag."""
+    mib = 1 << 20
+    handles = [
+        (0x1000 * mib, 192 * mib, "weights"),  # an MLP's weights: unmapped
+        (0x2000 * mib, 48 * mib, "weights"),  # below the threshold: stays
+        (0x3000 * mib, 128 * mib, "weights"),  # holds a buffer at its end: stays
+        (0x4000 * mib, 2 * mib, "kv_cache"),  # the KV cache, any size: unmapped
+        (0x5000 * mib, 512 * mib, "default"),  # not vLLM's sleep tags: stays
+    ]
+    buffers = [(0x3000 * mib + 127 * mib, mib), (0x2000 * mib, 4096)]
+    assert handles_to_release(handles, buffers, 64 * mib) == [0x1000 * mib, 0x4000 * mib]
+    # A buffer right after an allocation does not hold it.
+    assert handles_to_release([(0, 64 * mib, "weights")], [(64 * mib, mib)], 64 * mib) == [0]

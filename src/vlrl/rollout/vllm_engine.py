@@ -177,6 +177,9 @@ class VLLMEngine(RolloutEngine):
         self._lora_request: Any = None
         self._next_lora_id = 1
         self._asleep = False
+        self._released = False  # asleep through vllm_compat.release_for_rewrite, not LLM.sleep
+        self._release_ok: bool | None = None  # whether this vLLM allows it (asked once)
+        self.sleep_stats: dict[str, float] = {}  # the last such sleep: what it unmapped and kept
         self._warned_no_sleep = False
         self._adapter_dirs: list[Path] = []
         self._tmp_root: Path | None = None
@@ -258,7 +261,7 @@ class VLLMEngine(RolloutEngine):
             # on the GPU; the merge rewrites every weight, so the wake does not rewrite them first.
             split_wake = self.use_gpu and self._asleep and self.sleep_level == 2
             if split_wake:
-                self.llm.wake_up(tags=["weights"])
+                self._map_back("weights")
             else:
                 self.wake_up(rewrite=False)
                 if self.use_gpu:
@@ -269,8 +272,8 @@ class VLLMEngine(RolloutEngine):
             finally:
                 queued = time.perf_counter()
                 if split_wake:
-                    self.llm.wake_up(tags=["kv_cache"])
-                    self._asleep = False
+                    self._map_back("kv_cache")
+                    self._asleep = self._released = False
                 kv_woken = time.perf_counter()
             if self.sleep_level == 2:
                 self._keep_served(state)
@@ -587,16 +590,50 @@ class VLLMEngine(RolloutEngine):
 
     # -- colocation --------------------------------------------------------------------------
     def sleep(self) -> None:
-        """GPU: release the KV cache and move weights to CPU memory (level 1) while the policy trains."""
+        """GPU: release the KV cache and move weights to CPU memory (level 1), or drop them (level 2),
+        while the policy trains.
+
+        Level 2, once a merge has set up the rewrite: vLLM's allocations are unmapped by
+        `vllm_compat.release_for_rewrite` (the KV cache and the large weight allocations; the next
+        wake rewrites every weight anyway), not by `LLM.sleep(level=2)`, which also walks the
+        prefix cache and maps every small allocation back at the wake. Where that hook does not
+        work, `LLM.sleep`."""
         if not self.use_gpu:
             if not self._warned_no_sleep:
                 log.info("vLLM sleep mode does not exist on CPU; the engine keeps its memory while the policy trains")
                 self._warned_no_sleep = True
             return
-        if not self._asleep:
+        if self._asleep:
+            return
+        if self.sleep_level == 2 and self._served and self._release_allowed():
+            try:
+                self.sleep_stats = self.llm.collective_rpc(
+                    compat.release_for_rewrite, args=(RELEASE_MIN_WEIGHT_BYTES,)
+                )[0]
+                self._released = True
+            except Exception as exc:
+                log.warning("unmapping vLLM's memory ourselves failed (%s); LLM.sleep from now on", _first_line(exc))
+                for tag in ("weights", "kv_cache"):  # whatever was unmapped before the failure
+                    self.llm.collective_rpc(compat.remap_released, args=(tag,))
+                self._release_ok = False
+        if not self._released:
             self.llm.sleep(level=self.sleep_level)
-            self._asleep = True
-            self._weights_dropped = self.sleep_level == 2
+        self._asleep = True
+        self._weights_dropped = self.sleep_level == 2
+
+    def _release_allowed(self) -> bool:
+        if self._release_ok is None:
+            self._release_ok = bool(all(self.llm.collective_rpc(compat.can_release_for_rewrite)))
+            if not self._release_ok:
+                log.info("this vLLM's sleep-mode allocator has no handles to release by hand; LLM.sleep(level=2)")
+        return self._release_ok
+
+    def _map_back(self, tag: str) -> None:
+        """Map one of vLLM's memory tags (weights, kv_cache) back after a sleep."""
+        if self._released:
+            self.llm.collective_rpc(compat.remap_released, args=(tag,))
+        else:
+            self.llm.wake_up(tags=[tag])
 
     def wake_up(self, rewrite: bool = True) -> None:
         """GPU: bring weights and KV cache back before rollouts (a no-op when awake or on CPU).
@@ -604,8 +641,12 @@ class VLLMEngine(RolloutEngine):
         After a level-2 sleep the weights are rewritten from the base and the adapter last merged
         (`rewrite`; `update_adapter` passes False: its merge writes them all anyway)."""
         if self.use_gpu and self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+            if self._released:
+                self._map_back("weights")
+                self._map_back("kv_cache")
+            else:
+                self.llm.wake_up()
+            self._asleep = self._released = False
         if rewrite and self._weights_dropped:
             if not self._served:
                 raise VlrlError("vLLM's weights were dropped (sleep level 2) and no merged adapter is kept to rewrite")
@@ -615,6 +656,10 @@ class VLLMEngine(RolloutEngine):
         """Stop the engine and delete its temporary adapter files."""
         llm = self.llm
         if llm is not None:
+            if self._released:  # vLLM frees what it believes is mapped: give it back first
+                for tag in ("weights", "kv_cache"):
+                    llm.collective_rpc(compat.remap_released, args=(tag,))
+                self._released = False
             shutdown = getattr(llm.llm_engine, "engine_core", None)
             if shutdown is not None and hasattr(shutdown, "shutdown"):
                 shutdown.shutdown()
@@ -623,6 +668,11 @@ class VLLMEngine(RolloutEngine):
             shutil.rmtree(self._tmp_root, ignore_errors=True)
             self._tmp_root = None
 
+
+# A level-2 sleep of a merging engine unmaps weight allocations from this size up; smaller ones stay
+# mapped (vllm_compat.handles_to_release: mapping back costs per allocation). At 8B shape that keeps
+# the attention projections and the small tensors, ~4 GiB, and unmaps the MLPs and embeddings.
+RELEASE_MIN_WEIGHT_BYTES = 64 << 20
 
 _MERGED_NEEDS_IN_PROCESS = (
     "rollout.lora_mode=merged writes the weights into vLLM's model in place, which needs vLLM's engine core in "
