@@ -76,6 +76,7 @@ class BenchSettings:
     compile_decode: bool = False
     lora_mode: str = "auto"  # vllm engine: rollout.lora_mode (auto: merged on GPU)
     sleep_level: str = "auto"  # vllm engine on GPU: rollout.sleep_level (auto: 2 with merged weights)
+    sleep_unmap: str = "all"  # ... and at level 2 rollout.sleep_unmap (all: LLM.sleep; large: the engine's own)
     lora_compute_dtype: str = "base"  # model.lora.compute_dtype: base (autocast in bf16) | float32 (PEFT's upcast)
     probe_recompute: bool = True  # one more update with activation recomputation on: its time and peak memory
     probe_lora_upcast: bool = True  # one more update with the other model.lora.compute_dtype: its time and peak
@@ -265,6 +266,7 @@ def bench_config(settings: BenchSettings, model_dir: Path, run_root: Path):
             f"rollout.compile_decode={str(settings.compile_decode).lower()}",
             f"rollout.lora_mode={settings.lora_mode}",
             f"rollout.sleep_level={settings.sleep_level}",
+            f"rollout.sleep_unmap={settings.sleep_unmap}",
             f"algo.group_size={settings.samples}",
             f"algo.tasks_per_step={settings.prompts}",
             f"algo.mini_batch_size={completions}",
@@ -427,6 +429,7 @@ def run_vlrl(settings: BenchSettings) -> dict[str, Any]:
                 "scoring_passes": scoring_passes(config),
                 "lora_mode": getattr(engine, "lora_mode", ""),
                 "sleep_level": getattr(engine, "sleep_level", None),
+                "sleep_unmap": getattr(engine, "sleep_unmap", None),
                 "compiled_blocks": worker.policy.compiled_blocks.enabled,  # train.compile_blocks, resolved
                 "ppo_epochs": config.algo.ppo_epochs,
             }

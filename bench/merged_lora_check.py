@@ -52,9 +52,9 @@ MODES = {  # name: (rollout.lora_mode, rollout.merged_base, rollout.sleep_level)
     "merged": ("merged", "policy", 1),
     "merged-copy": ("merged", "copy", 1),
     "merged-sleep2": ("merged", "policy", 2),  # weights dropped while the policy trains, rewritten on wake
-    # The same, with every weight allocation unmapped (the tiny model has none as large as the
-    # engine's threshold, so merged-sleep2 unmaps only its KV cache): the wake's rewrite must restore them.
-    "merged-sleep2-all": ("merged", "policy", 2),
+    # The engine's own level-2 sleep (rollout.sleep_unmap=large) with every weight allocation unmapped
+    # (the tiny model has none as large as the engine's threshold): the wake's rewrite must restore them.
+    "merged-sleep2-all": ("merged", "policy", 2),  # with rollout.sleep_unmap=large
 }
 
 
@@ -109,6 +109,7 @@ def run_one(mode: str, args) -> dict:
         f"rollout.lora_mode={lora_mode}",
         f"rollout.merged_base={base}",
         f"rollout.sleep_level={sleep_level}",
+        f"rollout.sleep_unmap={'large' if mode.endswith('-all') else 'all'}",
         "model.lora.include_vision=true",
         f"rollout.max_model_len={args.max_model_len}",
         f"rollout.gpu_memory_utilization={args.memory_share}",

@@ -106,6 +106,14 @@ class RolloutConfig(Section):
         "rewrites every weight from the policy's base on the same GPU (merged LoRA included), so nothing crosses "
         "to the host; needs rollout.lora_mode=merged and one worker per engine. `auto`: 2 where it applies, else 1.",
     )
+    sleep_unmap: Literal["all", "large"] = Field(
+        "all",
+        description="vLLM on GPU at sleep level 2: what the sleep unmaps. `all`: vLLM's own `LLM.sleep(level=2)` "
+        "(every allocation; it also resets the prefix cache). `large`: the engine's own unmapping of the KV cache "
+        "and of the weight allocations of >= 64 MiB that hold no buffer; the small ones stay mapped (~4 GiB at "
+        "8B shape), which makes the wake cheaper (mapping back costs per allocation). Falls back to `all` where "
+        "vLLM's allocator lacks the hook (docs/vllm.md).",
+    )
     logprob_gap_tolerance: float = Field(
         0.1,
         gt=0,

@@ -88,6 +88,7 @@ def build_engine(
             lora_mode=lora_mode,
             lora_compute_dtype=config.model.lora.compute_dtype,
             sleep_level=resolve_sleep_level(r.sleep_level, lora_mode, config.runtime.use_gpu, world_size),
+            sleep_unmap=r.sleep_unmap,
         )
         directory = model_dir if model_dir is not None else ensure_model(config.model)
         return VLLMEngine(directory, chat.tokenizer, suppress, **{**kwargs, **engine_args})

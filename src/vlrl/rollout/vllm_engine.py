@@ -121,6 +121,7 @@ class VLLMEngine(RolloutEngine):
         adapter_transport: str = "memory",
         lora_mode: str = "adapter",
         sleep_level: int = 1,
+        sleep_unmap: str = "all",
         base_source: Any = None,
         base_resident: bool = False,
         lora_compute_dtype: str = "base",
@@ -145,6 +146,9 @@ class VLLMEngine(RolloutEngine):
                 f"sleep_level must be 1, or 2 with lora_mode 'merged'; got sleep_level={sleep_level!r}, {lora_mode!r}"
             )
         self.sleep_level = sleep_level
+        if sleep_unmap not in ("all", "large"):
+            raise VlrlError(f"sleep_unmap must be 'all' or 'large', got {sleep_unmap!r}")
+        self.sleep_unmap = sleep_unmap  # level 2: LLM.sleep (all), or release_for_rewrite (large)
         self._weights_dropped = False  # level 2: asleep, or awake with weights not yet rewritten
         self._served: dict[str, torch.Tensor] = {}  # level 2: the adapter last merged, to rewrite on a wake
         # names -> iterator of (checkpoint name, W0) in that order; None: the engine's own pristine copy
@@ -593,11 +597,11 @@ class VLLMEngine(RolloutEngine):
         """GPU: release the KV cache and move weights to CPU memory (level 1), or drop them (level 2),
         while the policy trains.
 
-        Level 2, once a merge has set up the rewrite: vLLM's allocations are unmapped by
-        `vllm_compat.release_for_rewrite` (the KV cache and the large weight allocations; the next
-        wake rewrites every weight anyway), not by `LLM.sleep(level=2)`, which also walks the
-        prefix cache and maps every small allocation back at the wake. Where that hook does not
-        work, `LLM.sleep`."""
+        Level 2 with `sleep_unmap="large"`, once a merge has set up the rewrite: vLLM's allocations
+        are unmapped by `vllm_compat.release_for_rewrite` (the KV cache and the large weight
+        allocations; the next wake rewrites every weight anyway), not by `LLM.sleep(level=2)`,
+        which also walks the prefix cache and maps every small allocation back at the wake. Where
+        that hook does not work, `LLM.sleep`."""
         if not self.use_gpu:
             if not self._warned_no_sleep:
                 log.info("vLLM sleep mode does not exist on CPU; the engine keeps its memory while the policy trains")
@@ -605,7 +609,7 @@ class VLLMEngine(RolloutEngine):
             return
         if self._asleep:
             return
-        if self.sleep_level == 2 and self._served and self._release_allowed():
+        if self.sleep_level == 2 and self.sleep_unmap == "large" and self._served and self._release_allowed():
             try:
                 self.sleep_stats = self.llm.collective_rpc(
                     compat.release_for_rewrite, args=(RELEASE_MIN_WEIGHT_BYTES,)
