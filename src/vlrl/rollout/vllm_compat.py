@@ -303,26 +303,28 @@ def release_for_rewrite(worker: Any, min_weight_bytes: int) -> dict[str, float]:
         cumem.unmap_and_release(allocator.pointer_to_data[ptr].handle)
         worker._vlrl_released.append(ptr)
     torch.cuda.empty_cache()
-    sizes = {ptr: (size, tag) for ptr, size, tag in handles}
-    weights = [sizes[p][0] for p in released if sizes[p][1] == "weights"]
+    unmapped = set(released)
+    weights = [(size, ptr in unmapped) for ptr, size, tag in handles if tag == "weights"]
     return {
-        "weights_released_gib": sum(weights) / 2**30,
-        "weights_kept_gib": sum(n for _, n, t in handles if t == "weights") / 2**30 - sum(weights) / 2**30,
-        "weight_allocations_released": float(len(weights)),
-        "weight_allocations": float(sum(1 for _, _, t in handles if t == "weights")),
+        "weights_released_gib": sum(n for n, gone in weights if gone) / 2**30,
+        "weights_kept_gib": sum(n for n, gone in weights if not gone) / 2**30,
+        "weight_allocations_released": float(sum(gone for _, gone in weights)),
+        "weight_allocations": float(len(weights)),
     }
 
 
-def remap_released(worker: Any, tag: str) -> int:
+def remap_released(worker: Any, tag: str | None = None) -> int:
     """Worker side: map back what `release_for_rewrite` unmapped under `tag` (weights or
-    kv_cache), at the same addresses (CUDA graphs keep pointing at them); returns how many."""
+    kv_cache; None: all of it), at the same addresses (CUDA graphs keep pointing at them);
+    returns how many."""
     cumem = _cumem()
     allocator = cumem.CuMemAllocator.get_instance()
     released = getattr(worker, "_vlrl_released", [])
-    mine = [ptr for ptr in released if allocator.pointer_to_data[ptr].tag == tag]
+    mine = [ptr for ptr in released if tag is None or allocator.pointer_to_data[ptr].tag == tag]
     for ptr in mine:
         cumem.create_and_map(allocator.pointer_to_data[ptr].handle)
-    worker._vlrl_released = [ptr for ptr in released if ptr not in set(mine)]
+    mapped = set(mine)
+    worker._vlrl_released = [ptr for ptr in released if ptr not in mapped]
     return len(mine)
 
 

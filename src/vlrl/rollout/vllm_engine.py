@@ -617,8 +617,7 @@ class VLLMEngine(RolloutEngine):
                 self._released = True
             except Exception as exc:
                 log.warning("unmapping vLLM's memory ourselves failed (%s); LLM.sleep from now on", _first_line(exc))
-                for tag in ("weights", "kv_cache"):  # whatever was unmapped before the failure
-                    self.llm.collective_rpc(compat.remap_released, args=(tag,))
+                self.llm.collective_rpc(compat.remap_released)  # whatever was unmapped before the failure
                 self._release_ok = False
         if not self._released:
             self.llm.sleep(level=self.sleep_level)
@@ -646,8 +645,7 @@ class VLLMEngine(RolloutEngine):
         (`rewrite`; `update_adapter` passes False: its merge writes them all anyway)."""
         if self.use_gpu and self._asleep:
             if self._released:
-                self._map_back("weights")
-                self._map_back("kv_cache")
+                self.llm.collective_rpc(compat.remap_released)
             else:
                 self.llm.wake_up()
             self._asleep = self._released = False
@@ -661,8 +659,7 @@ class VLLMEngine(RolloutEngine):
         llm = self.llm
         if llm is not None:
             if self._released:  # vLLM frees what it believes is mapped: give it back first
-                for tag in ("weights", "kv_cache"):
-                    llm.collective_rpc(compat.remap_released, args=(tag,))
+                llm.collective_rpc(compat.remap_released)
                 self._released = False
             shutdown = getattr(llm.llm_engine, "engine_core", None)
             if shutdown is not None and hasattr(shutdown, "shutdown"):
