@@ -50,6 +50,7 @@ def test_yaml_round_trip(tmp_path):
         ("algo:\n  group_size: many\n", "algo.group_size = 'many'"),
         ("rollout:\n  max_batch_tokens: 8\n", "rollout.max_batch_tokens = 8"),
         ("rollout:\n  vision_cache_mb: -1\n", "rollout.vision_cache_mb = -1"),
+        ("rollout:\n  sleep_unmap: some\n", "rollout.sleep_unmap = 'some': Input should be 'all' or 'large'"),
         ("train:\n  vision_pretrain: {steps: 0}\n", "train.vision_pretrain.steps = 0"),
         ("train:\n  vision_pretrain: {stepz: 5}\n", "unknown key 'train.vision_pretrain.stepz'"),
         ("env:\n  sizes: [2]\n", "maze size 2 is out of range"),
