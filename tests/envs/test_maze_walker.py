@@ -105,3 +105,29 @@ def test_the_walker_goes_on_from_wherever_noisy_turns_leave_the_agent(stochastic
             assert nxt is not None, f"the walker walked into a wall at {pos}"
             pos = nxt
         assert stopped, f"the walker did not find the goal of task {task.seed} in 400 turns"
+
+
+def test_the_order_seen_from_another_cell_faces_the_goal_from_there():
+    tasks, _ = _tasks("configs/gpu-maze9.yaml", [], 1)
+    m = maze_for_task(tasks[0])
+    assert preferred_order(m, at=m.start) == preferred_order(m)
+    # from the goal's own row, left of it, "right" is the only move towards it
+    at = (m.goal[0], m.goal[1] - 1) if m.goal[1] > 0 else (m.goal[0], m.goal[1] + 1)
+    assert preferred_order(m, at=at)[0] == ("right" if at[1] < m.goal[1] else "left")
+
+
+def test_walk_plays_the_walker_it_is_given():
+    tasks, env = _tasks("configs/gpu-maze9.yaml", [], 20)
+    mazes = [maze_for_task(t) for t in tasks]
+    played = []
+
+    class Recording(DfsWalker):
+        def action(self, pos):
+            played.append(pos)
+            return super().action(pos)
+
+    for m in mazes:
+        assert walk(m, env.max_turns, None, env.stop_required, walker=Recording.for_maze(m)) == walk(
+            m, env.max_turns, None, env.stop_required
+        )
+    assert played

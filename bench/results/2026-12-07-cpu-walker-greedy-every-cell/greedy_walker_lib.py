@@ -3,20 +3,13 @@
 from vlrl.envs.maze import walker as W
 
 
-def order_at(maze, pos):
-    dr, dc = maze.goal[0] - pos[0], maze.goal[1] - pos[1]
-    gain = {"up": -dr, "down": dr, "left": -dc, "right": dc}
-    return tuple(sorted(W.FIXED_ORDER, key=lambda m: -gain[m]))  # stable: ties in FIXED_ORDER
+class GreedyWalker(W.DfsWalker):
+    """The demonstrator's depth-first walk, its goal-facing order picked again at every cell."""
+
+    def action(self, pos):
+        self.order = W.preferred_order(self.maze, at=pos)
+        return super().action(pos)
 
 
 def walk_greedy(maze, max_turns, stop_required):
-    walker, pos = W.DfsWalker(maze), maze.start
-    for _ in range(max_turns):
-        walker.order = order_at(maze, pos)
-        move = walker.action(pos)
-        if move == "stop":
-            return True
-        pos = maze.move(pos, move)
-        if pos == maze.goal and not stop_required:
-            return True
-    return False
+    return W.walk(maze, max_turns, stop_required=stop_required, walker=GreedyWalker(maze))

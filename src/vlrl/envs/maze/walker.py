@@ -77,12 +77,13 @@ class DfsWalker:
         return "stop"  # everything reachable was visited (cannot happen in a connected maze)
 
 
-def preferred_order(maze: Maze, rng: random.Random | None = None) -> tuple[str, ...]:
-    """The four moves, those towards the goal (seen from the start) before those away from it.
+def preferred_order(maze: Maze, rng: random.Random | None = None, at: Cell | None = None) -> tuple[str, ...]:
+    """The four moves, those towards the goal (seen from `at`, default the start) before those away from it.
 
     Without `rng`: within each half by the size of the offset (larger first), ties in FIXED_ORDER.
     With `rng`: each half in a random order (the walker_random demonstrator)."""
-    dr, dc = maze.goal[0] - maze.start[0], maze.goal[1] - maze.start[1]
+    at = maze.start if at is None else at
+    dr, dc = maze.goal[0] - at[0], maze.goal[1] - at[1]
     gain = {"up": -dr, "down": dr, "left": -dc, "right": dc}
     towards = [m for m in FIXED_ORDER if gain[m] > 0]
     away = [m for m in FIXED_ORDER if gain[m] <= 0]
@@ -95,9 +96,17 @@ def preferred_order(maze: Maze, rng: random.Random | None = None) -> tuple[str, 
     return (*towards, *away)
 
 
-def walk(maze: Maze, max_turns: int, rng: random.Random | None = None, stop_required: bool = False) -> bool:
-    """Whether the walker reaches the goal within `max_turns` turns (`stop` counted when required)."""
-    walker, pos = DfsWalker.for_maze(maze, rng), maze.start
+def walk(
+    maze: Maze,
+    max_turns: int,
+    rng: random.Random | None = None,
+    stop_required: bool = False,
+    walker: DfsWalker | None = None,
+) -> bool:
+    """Whether the walker reaches the goal within `max_turns` turns (`stop` counted when required).
+
+    `walker` plays instead of `DfsWalker.for_maze(maze, rng)`, e.g. a variant under study in a benchmark."""
+    walker, pos = walker or DfsWalker.for_maze(maze, rng), maze.start
     for _ in range(max_turns):
         move = walker.action(pos)
         if move == "stop":
