@@ -3,7 +3,7 @@
 # 1. Capacity: SFT on the ORACLE from sftL for 4 minutes, LoRA (the GRPO adapter's shape) and full weights.
 # 2. Dense per-turn credit: the progress term weighted like success, GiGPO discount 0.5, T 1.5 and T 1.0.
 # 3. More PPO epochs (4), and more tasks per batch (16 tasks x group 4 instead of 4 x 16; same 64 episodes).
-# Expects sftL_S in $START (W=/tmp/seeingL of the seeing-start report). From the checkout's root.
+# The second seed ran the t16g4 arm only (S=1). Expects sftL_S in $START (W=/tmp/seeingL of the seeing-start report). From the checkout's root.
 set -u
 cd "$(git rev-parse --show-toplevel)"
 START=${START:-/tmp/seeingL}; W=${W:-/tmp/dense}; S=${S:-0}
@@ -24,8 +24,11 @@ ev() { $V eval -c $C $M $COMMON -n 400 "$@"; }
 ev --no-base -a $W/oracle-lora_$S -o $W/eval-oracle-lora_$S > $W/logs/eval-oracle-lora_$S.log 2>&1
 $V eval -c $C --model $W/oracle-full_$S model.init_tiny=null $COMMON -n 400 -o $W/eval-oracle-full_$S > $W/logs/eval-oracle-full_$S.log 2>&1
 for A in dT15 dT10 ep4 t16g4; do ev --no-base -a $W/runs/${A}_$S/adapter -o $W/eval-${A}_$S > $W/logs/eval-${A}_$S.log 2>&1; done
-# The train split (greedy), sftL against two GRPO adapters, and the full oracle-SFT model.
-ev --split train --force -a $W/runs/dT15_$S/adapter -o $W/eval-train_$S > $W/logs/eval-train_$S.log 2>&1
+# The train split (greedy): sftL, the dense-credit arm and the shuffle control's plain arm (CTRL), and the oracle-SFT model.
+CTRL=${CTRL:-/tmp/ctrl}
+ev --split train --force -a $W/runs/dT15_$S/adapter -a $CTRL/runs/plain_$S/adapter -o $W/eval-train_$S > $W/logs/eval-train_$S.log 2>&1
+$V eval -c $C --model $W/oracle-full_$S model.init_tiny=null $COMMON --split train --force -n 400 -o $W/eval-train-oracle_$S \
+  > $W/logs/eval-train-oracle_$S.log 2>&1
 T() { ls $1/*/traces.jsonl; }
 PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py sftL=$(T $START/eval-sftL_$S) \
   armA=$(T $START/eval-A_$S) oracleLoRA=$(T $W/eval-oracle-lora_$S) oracleFull=$(T $W/eval-oracle-full_$S) \
