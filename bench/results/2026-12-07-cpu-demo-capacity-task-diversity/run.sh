@@ -33,4 +33,5 @@ T() { ls $1/*/traces.jsonl; }
 PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py sftL=$(T $START/eval-sftL_$S) \
   armA=$(T $START/eval-A_$S) oracleLoRA=$(T $W/eval-oracle-lora_$S) oracleFull=$(T $W/eval-oracle-full_$S) \
   dT15=$(T $W/eval-dT15_$S) dT10=$(T $W/eval-dT10_$S) ep4=$(T $W/eval-ep4_$S) t16g4=$(T $W/eval-t16g4_$S) \
-  > $W/paired_$S.json
+  plain=$(T $CTRL/eval-plain_$S) > $W/paired_$S.json
+# seed1-paired.json was the same call with sftL, armA, t16g4 and plain only (S=1 ran the t16g4 arm alone).
