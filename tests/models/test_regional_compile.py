@@ -59,12 +59,15 @@ def test_a_model_without_blocks_is_one_line():
         CompiledBlocks(torch.nn.Linear(2, 2), enabled=True)
 
 
-def test_auto_compiles_on_cuda_only_and_a_wrong_value_is_one_line(ci_config):
-    from vlrl.models.regional_compile import compile_blocks_enabled
+def test_auto_compiles_large_models_on_cuda_only_and_a_wrong_value_is_one_line(ci_config):
+    from vlrl.models.regional_compile import AUTO_MIN_PARAMETERS, compile_blocks_enabled
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert ci_config().train.compile_blocks == "auto"  # the default
     assert [compile_blocks_enabled("auto", d) for d in (cpu, cuda)] == [False, True]
+    big, small = AUTO_MIN_PARAMETERS, 56_000_000  # the maze9 model: its first step paid a minute of compile
+    assert [compile_blocks_enabled("auto", cuda, n) for n in (big, small)] == [True, False]
+    assert compile_blocks_enabled(True, cuda, small)  # an explicit true still compiles a small model
     assert [compile_blocks_enabled(v, cpu) for v in (True, False)] == [True, False]
     assert not Worker(ci_config(), 4).policy.compiled_blocks.enabled  # CPU: auto is eager
     with pytest.raises(VlrlError, match="compile_blocks"):

@@ -204,8 +204,9 @@ class TrainConfig(Section):
         "auto",
         description="torch.compile each transformer block's forward for the update (regional compilation, "
         "vlrl.models.regional_compile): the elementwise work around the matmuls is fused, which makes the update "
-        "faster and its peak memory lower on GPU. `auto`: on where the policy is on CUDA, off on CPU (where the "
-        "tiny models gain nothing and compiling needs a C++ compiler). The first update pays the compile (one "
+        "faster and its peak memory lower on GPU. `auto`: on where the policy is on CUDA and has at least 1B "
+        "parameters; off on CPU (where compiling needs a C++ compiler) and for smaller models, whose updates are too "
+        "short to win back the compile's tens of seconds. The first update pays the compile (one "
         "graph shared by all blocks of a kind) and a new sequence shape may recompile; rollouts and evaluation "
         "stay eager.",
     )

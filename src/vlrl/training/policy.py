@@ -136,7 +136,10 @@ class Policy:
         self.device = next(model.parameters()).device
         self.merge_size = spatial_merge_size(model)  # M-RoPE positions are computed on the CPU batch
         self.use_lora_compute_dtype(config.model.lora.compute_dtype)
-        self.compiled_blocks = CompiledBlocks(model, compile_blocks_enabled(config.train.compile_blocks, self.device))
+        parameters = sum(p.numel() for p in model.parameters())  # FSDP2: the sharded ones count the full size
+        self.compiled_blocks = CompiledBlocks(
+            model, compile_blocks_enabled(config.train.compile_blocks, self.device, parameters)
+        )
 
     def use_lora_compute_dtype(self, compute_dtype: str) -> None:
         """Switch `model.lora.compute_dtype` for the passes from here on (`base` or `float32`)."""
