@@ -80,9 +80,7 @@ class BenchSettings:
     lora_compute_dtype: str = "base"  # model.lora.compute_dtype: base (autocast in bf16) | float32 (PEFT's upcast)
     probe_recompute: bool = True  # one more update with activation recomputation on: its time and peak memory
     probe_lora_upcast: bool = True  # one more update with the other model.lora.compute_dtype: its time and peak
-    compile_blocks: str = (
-        "auto"  # train.compile_blocks for the measured steps: auto (CUDA, >= 1B params) | true | false
-    )
+    compile_blocks: str = "auto"  # train.compile_blocks for the measured steps: auto | true | false
     probe_compile: bool = True  # two more updates with the other train.compile_blocks (compile, then timed)
     profile_update: bool = True  # one more update under torch.profiler: the ops that hold it, by device time
     decode_sweep: list[int] = field(default_factory=list)  # extra rollout-only batch sizes to time

@@ -28,12 +28,12 @@ both far env.end_when_lost=true env.min_distance=4                      # train 
 # capacity/task-diversity report's W (its t16g4 evaluations); CAP: its oracle-SFT LoRA evaluation (eval-oracle-lora_0).
 DENSE=${DENSE:-/tmp/dense}; CAP=${CAP:-/tmp/cap/eval-lora}; R=bench/results/2026-12-07-cpu-demo-plateau-levers
 T() { ls $1/*/traces.jsonl; }
-P="PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py"
-eval "$P armA=$(T $START/eval-A_0) t16g4=$(T $DENSE/eval-t16g4_0) sc05=$(T $W/eval-sc05_0) ewl=$(T $W/eval-ewl_0) \
+pair() { PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py "$@"; }
+pair armA=$(T $START/eval-A_0) t16g4=$(T $DENSE/eval-t16g4_0) sc05=$(T $W/eval-sc05_0) ewl=$(T $W/eval-ewl_0) \
   ds=$(T $W/eval-ds_0) ds10=$(T $W/eval-ds10_0) t32g2=$(T $W/eval-t32g2_0) mt10=$(T $W/eval-mt10_0) \
-  mt10e=$(T $W/eval-mt10e_0) far=$(T $W/eval-far_0) oracleLoRA=$(T $CAP)" > $R/seed0-paired.json
-eval "$P armA=$(T $START/eval-A_1) t16g4=$(T $DENSE/eval-t16g4_1) sc05=$(T $W/eval-sc05_1) ewl=$(T $W/eval-ewl_1) \
-  t32g2=$(T $W/eval-t32g2_1) mt10=$(T $W/eval-mt10_1) mt10e=$(T $W/eval-mt10e_1) far=$(T $W/eval-far_1)" > $R/seed1-paired.json
+  mt10e=$(T $W/eval-mt10e_0) far=$(T $W/eval-far_0) oracleLoRA=$(T $CAP) > $R/seed0-paired.json
+pair armA=$(T $START/eval-A_1) t16g4=$(T $DENSE/eval-t16g4_1) sc05=$(T $W/eval-sc05_1) ewl=$(T $W/eval-ewl_1) \
+  t32g2=$(T $W/eval-t32g2_1) mt10=$(T $W/eval-mt10_1) mt10e=$(T $W/eval-mt10e_1) far=$(T $W/eval-far_1) > $R/seed1-paired.json
 for A in t16g4:$DENSE mt10:$W far:$W; do
   python3 $R/first_move.py $(T ${A#*:}/eval-${A%%:*}_0) $(T $CAP) $(T $START/eval-A_0) > $R/first_move-${A%%:*}_0.json
 done

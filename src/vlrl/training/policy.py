@@ -43,6 +43,7 @@ from vlrl.algo.grpo import (
 )
 from vlrl.config import RunConfig
 from vlrl.errors import VlrlError
+from vlrl.models.loading import count_parameters
 from vlrl.models.qwen_vl_batched import forward_inputs, spatial_merge_size
 from vlrl.models.regional_compile import CompiledBlocks, compile_blocks_enabled
 from vlrl.rollout.episodes import Episode
@@ -136,7 +137,7 @@ class Policy:
         self.device = next(model.parameters()).device
         self.merge_size = spatial_merge_size(model)  # M-RoPE positions are computed on the CPU batch
         self.use_lora_compute_dtype(config.model.lora.compute_dtype)
-        parameters = sum(p.numel() for p in model.parameters())  # FSDP2: the sharded ones count the full size
+        parameters = count_parameters(model)["total"]  # FSDP2's sharded DTensors count their full size
         self.compiled_blocks = CompiledBlocks(
             model, compile_blocks_enabled(config.train.compile_blocks, self.device, parameters)
         )
