@@ -25,8 +25,9 @@ both mt10 env.max_turns=10 env.rewards.step_cost=-0.05                  # train 
 both mt10e env.max_turns=10 env.rewards.step_cost=-0.05 env.end_when_lost=true train.steps=50   # the same in t16g4's time
 both far env.end_when_lost=true env.min_distance=4                      # train on long mazes only (evaluated on all)
 # Pairing (McNemar, with the walker), and where the failures part from the oracle-SFT model. DENSE: the
-# capacity/task-diversity report's W (its t16g4 evaluations); CAP: its oracle-SFT LoRA evaluation (eval-oracle-lora_0).
-DENSE=${DENSE:-/tmp/dense}; CAP=${CAP:-/tmp/cap/eval-lora}; R=bench/results/2026-12-07-cpu-demo-plateau-levers
+# capacity/task-diversity report's W (its t16g4 evaluations); CAP: its oracle-SFT LoRA evaluation (this run read
+# it from CAP=/tmp/cap/eval-lora).
+DENSE=${DENSE:-/tmp/dense}; CAP=${CAP:-$DENSE/eval-oracle-lora_0}; R=bench/results/2026-12-07-cpu-demo-plateau-levers
 T() { ls $1/*/traces.jsonl; }
 pair() { PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py "$@"; }
 pair armA=$(T $START/eval-A_0) t16g4=$(T $DENSE/eval-t16g4_0) sc05=$(T $W/eval-sc05_0) ewl=$(T $W/eval-ewl_0) \

@@ -3,10 +3,11 @@
 # 2026-12-07-cpu-demo-capacity-task-diversity (its oracle-lora arm: SFT on the oracle from sftL_0 for 4 minutes,
 # LoRA r16; ADA), on the base sftL_0 of 2026-12-06-cpu-demo-seeing-start/long (START). Two GRPO seeds on the one
 # start: the t16g4 recipe with end_when_lost (plain), then the same at T 1.0 with a KL anchor to the start
-# (anchored). Two runs at a time, one thread each. From the checkout's root.
+# (anchored). Two runs at a time, one thread each. From the checkout's root. The defaults of ADA and CAP_EVAL are
+# where that report's run.sh writes them; this run read them from ADA=/tmp/cap/lora_oracle_0 CAP_EVAL=/tmp/cap/eval-lora.
 set -u
 cd "$(git rev-parse --show-toplevel)"
-START=${START:-/tmp/seeingL}; W=${W:-/tmp/strong}; ADA=${ADA:-/tmp/cap/lora_oracle_0}; CAP_EVAL=${CAP_EVAL:-/tmp/cap/eval-lora}
+START=${START:-/tmp/seeingL}; W=${W:-/tmp/strong}; ADA=${ADA:-/tmp/dense/oracle-lora_0}; CAP_EVAL=${CAP_EVAL:-/tmp/dense/eval-oracle-lora_0}
 mkdir -p $W/logs
 V=.venv/bin/vlrl; C=configs/demo-cpu.yaml
 COMMON="tracking.enabled=false runtime.torch_threads=1 storage.root=$W/runs"
