@@ -419,3 +419,19 @@ def test_look_trace_replays_and_random_responses_parse():
     for _ in range(20):
         env, _ = _started("maze_look")
         assert env.step(env.random_response(rng)).info["valid"]
+
+
+@pytest.mark.parametrize("layout, size", [("blocks", 9), ("cells", 3)])
+def test_legal_responses_are_the_moves_no_wall_blocks(layout, size):
+    for seed in range(8):
+        task = adhoc_task(size, seed, layout=layout)
+        env = _env(layout=layout)
+        env.reset(task)
+        legal = env.legal_responses()
+        assert legal and all(parse_action(r) in MOVES for r in legal)
+        for move in MOVES:
+            env.reset(task)
+            bumped = env.step(f"<action>{move}</action>").info["bumped"]
+            assert bumped == (f"<action>{move}</action>" not in legal)
+    assert make_env(MazeEnvConfig(name="maze_plan")).lists_legal_responses() is False
+    assert _env().lists_legal_responses() is True

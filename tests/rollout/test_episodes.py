@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
-from vlrl.envs.base import build_split, replay_trace
+from vlrl.envs.base import build_split, make_env, replay_trace
 from vlrl.rollout.episodes import RolloutStats
 from vlrl.training.worker import Worker
 
@@ -84,6 +87,46 @@ def test_kl_to_reference_is_exactly_zero_before_the_first_update(ci_config):
         mask = torch.tensor(e.sequence.loss_mask[1:], dtype=torch.bool)
         assert torch.equal(a[mask], b[mask])
         assert float(kl_k3(a[mask], b[mask]).abs().max()) == 0.0
+
+
+def test_exploring_starts_deal_each_groups_legal_first_moves_and_train_on_them(ci_config):
+    worker, eps, stats = _episodes(ci_config, "algo.exploring_starts=true", tasks=3, group=4)
+    for g in range(3):
+        group = eps[4 * g : 4 * g + 4]
+        env = make_env(worker.config.env)
+        env.reset(group[0].task)
+        legal = env.legal_responses()
+        firsts = [e.trace["turns"][0]["response"] for e in group]
+        # Every legal first move is tried, each by as many episodes as the group allows, none bumps.
+        assert set(firsts) == set(legal[:4])
+        assert max(map(firsts.count, set(firsts))) - min(map(firsts.count, set(firsts))) <= 1
+        assert not any(e.trace["turns"][0]["bumped"] for e in group)
+        for e in group:
+            s, (a, b) = e.sequence, e.sequence.response_spans[0]
+            assert all(math.isnan(x) for x in s.logprobs[a:b])  # not sampled: no sampling log-prob
+            assert all(math.isfinite(x) for x in s.logprobs[b:])
+            assert replay_trace(e.trace)["matches"]
+    first_tokens = sum(b - a for e in eps for a, b in e.sequence.response_spans[:1])
+    assert stats.generated_tokens == sum(sum(e.sequence.loss_mask) for e in eps) - first_tokens
+    # The update takes the forced first moves like sampled ones (the ratio against the trainer's old
+    # log-probs), and the sampler/trainer gap skips them instead of turning NaN.
+    rewards = torch.tensor([e.reward for e in eps])
+    advantages = [float(x) for x in rewards - rewards.mean()]
+    update = worker.update(eps, advantages, seed=0)
+    assert all(math.isfinite(v) for v in update.values()), update
+
+
+def test_exploring_starts_need_trainer_logprobs_and_an_env_that_lists_its_moves(ci_config, tmp_path):
+    from vlrl.errors import VlrlError
+    from vlrl.training.trainer import GRPOTrainer
+
+    for bad in ("algo.old_logprobs=sampler", "algo.rollout_correction=tis"):
+        with pytest.raises(VlrlError, match="exploring_starts: the forced first moves have no sampling log-probs"):
+            ci_config("algo.exploring_starts=true", bad)
+    trainer = GRPOTrainer(ci_config("algo.exploring_starts=true", "env.name=maze_plan"), tmp_path / "run")
+    with pytest.raises(VlrlError, match="algo.exploring_starts needs env 'maze_plan' to list its legal moves"):
+        trainer.setup()
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_greedy_generation_is_deterministic_and_plan_variant_runs(ci_config):

@@ -438,7 +438,8 @@ def sampler_mismatch(
     (tokens were drawn from the sampler: d = trainer - sampler, k3 = exp(d) - d - 1), tokens."""
     _check_same_shape(trainer_logprobs, sampler_logprobs, "trainer_logprobs", "sampler_logprobs")
     with torch.no_grad():
-        keep = mask.bool()
+        # A response the sampler did not sample (an exploring start) has NaN log-probs: not measured.
+        keep = mask.bool() & sampler_logprobs.isfinite()
         diff = torch.where(keep, trainer_logprobs - sampler_logprobs, torch.zeros_like(trainer_logprobs))
         k3 = diff.exp() - diff - 1.0
         return {

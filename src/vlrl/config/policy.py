@@ -212,6 +212,13 @@ class AlgoConfig(Section):
         0.95, gt=0, le=1, description="GiGPO: discount of the return-to-go that step-level advantages compare."
     )
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and sample more (DAPO).")
+    exploring_starts: bool = Field(
+        False,
+        description="Multi-turn: the G episodes of a task do not sample their first move, they share out the env's "
+        "legal first moves (`Env.legal_responses`; the maze: the unblocked moves), so each group compares every "
+        "first move by what followed it. Those moves have no sampling log-prob: needs old_logprobs 'trainer' and "
+        "rollout_correction 'off'.",
+    )
     max_resample_rounds: int = Field(3, ge=0, description="With dynamic sampling: extra rounds to refill the batch.")
     eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip of the importance ratio: 1 - eps_low.")
     eps_high: float = Field(
@@ -268,6 +275,15 @@ class AlgoConfig(Section):
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         return apply_algo_preset(data)
+
+    @model_validator(mode="after")
+    def _exploring_starts_need_trainer_logprobs(self) -> AlgoConfig:
+        if self.exploring_starts and (self.old_logprobs == "sampler" or self.rollout_correction != "off"):
+            raise ValueError(
+                "exploring_starts: the forced first moves have no sampling log-probs; set algo.old_logprobs=trainer "
+                "and algo.rollout_correction=off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _shuffle_needs_episode_advantages(self) -> AlgoConfig:

@@ -188,10 +188,20 @@ class Env(ABC):
         """The started demonstrator's response now, in the env's response format."""
         raise VlrlError(f"env '{self.name}' has no demonstrator (only its oracle)")
 
+    def legal_responses(self) -> list[str]:
+        """One response per legal action now, e.g. the moves not blocked by a wall (`algo.exploring_starts`
+        tries each of them as a group's first move); see `lists_legal_responses`."""
+        raise VlrlError(f"env '{self.name}' lists no legal responses (a legal_responses() method)")
+
     @classmethod
     def gives_random_responses(cls) -> bool:
         """Whether the env implements `random_response` (SFT checks it before training)."""
         return cls.random_response is not Env.random_response
+
+    @classmethod
+    def lists_legal_responses(cls) -> bool:
+        """Whether the env implements `legal_responses` (checked before training with exploring starts)."""
+        return cls.legal_responses is not Env.legal_responses
 
     def render_text(self) -> str | None:
         """A text drawing of the current state for `vlrl env play` in a terminal (None: none)."""

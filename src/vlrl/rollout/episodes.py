@@ -11,17 +11,27 @@ observation: images and text), so GiGPO can compare the turns of a group that fa
 observation (`vlrl.algo.grpo.step_advantages`). The text is part of it on purpose: in the maze the
 turn after a bump sees the same picture with "Cannot move right into a wall.", and it is among such
 turns that repeating the bump and trying another way are told apart.
+
+With `exploring_starts` (`algo.exploring_starts`), the first turn is not sampled: the G episodes
+of a task split the env's legal first moves between them (`Env.legal_responses`, in an order
+shuffled per task), so every group compares each first move by what followed it, whatever the
+policy would have chosen: the Monte Carlo "exploring starts" of Sutton & Barto (5.3). Those
+responses are not the policy's samples, so they carry no sampling log-prob (NaN): the update's
+ratio uses the trainer's own old log-probs, and the sampler/trainer gap skips them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from vlrl.envs.base import Env, Observation, Task, make_env
 from vlrl.envs.config import EnvConfigBase
+from vlrl.errors import VlrlError
 from vlrl.rollout.engine import Completion, RolloutEngine, SamplingParams
 from vlrl.rollout.sequence import ChatFormat, MultimodalSequence
 
@@ -75,6 +85,7 @@ def run_episodes(
     params: SamplingParams,
     max_model_len: int,
     stats: RolloutStats | None = None,
+    exploring_starts: bool = False,
 ) -> list[Episode]:
     """Play `group_size` episodes of every task; returns them grouped task by task."""
     stats = stats if stats is not None else RolloutStats()
@@ -97,10 +108,13 @@ def run_episodes(
             episodes.append(Episode(task, group, prompt.copy(), adapter_version=engine.adapter_version))
     stats.env_s += time.perf_counter() - t0
 
-    # Turn 1: one prompt per task, G samples each.
-    turn_params = SamplingParams(**{**params.__dict__, "n": group_size})
-    completions = _generate(engine, first_prompts, turn_params, stats)
-    responses = [c for per_task in completions for c in per_task]
+    # Turn 1: one prompt per task, G samples each (or the legal first moves, with exploring starts).
+    if exploring_starts:
+        responses = _exploring_starts(chat, envs, group_size, random.Random(params.seed))
+    else:
+        turn_params = SamplingParams(**{**params.__dict__, "n": group_size})
+        completions = _generate(engine, first_prompts, turn_params, stats)
+        responses = [c for per_task in completions for c in per_task]
     active = list(range(len(episodes)))
     turn = 0
     while active:
@@ -148,6 +162,20 @@ def run_episodes(
         ep.trace = env.trace()
         ep.trace["adapter_version"] = ep.adapter_version
     return episodes
+
+
+def _exploring_starts(chat: ChatFormat, envs: list[Env], group_size: int, rng: random.Random) -> list[Completion]:
+    """The first response of every episode: each task's legal moves, shuffled, dealt round the group."""
+    out: list[Completion] = []
+    for first in range(0, len(envs), group_size):
+        moves = envs[first].legal_responses()
+        if not moves:
+            raise VlrlError(f"exploring starts: env '{envs[first].name}' lists no legal first move for this task")
+        rng.shuffle(moves)
+        for k in range(group_size):
+            ids = chat.response_ids(moves[k % len(moves)])
+            out.append(Completion(ids, [math.nan] * len(ids), moves[k % len(moves)], "stop"))
+    return out
 
 
 def _generate(

@@ -195,6 +195,10 @@ class ChatFormat:
         )
 
     # -- pieces -------------------------------------------------------------------------
+    def response_ids(self, text: str) -> list[int]:
+        """The tokens of `text` as the model's whole answer: the text, then the end-of-turn token."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_id]
+
     def prompt(self, system_prompt: str, obs: Observation) -> MultimodalSequence:
         """System message + first user observation + the assistant header, ready to sample."""
         messages = []

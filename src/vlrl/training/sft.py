@@ -66,11 +66,10 @@ def oracle_transcript(config: RunConfig, chat: ChatFormat, task: Task, rng: rand
     sequence; the demonstrator's turns have loss mask 1."""
     env = make_env(config.env)
     seq = chat.prompt(env.system_prompt, start_episode(config, env, task))
-    tok = chat.tokenizer
     for _ in range(config.env.max_turns):
         noisy = config.train.sft.noise > 0 and rng.random() < config.train.sft.noise
         text = env.random_response(rng) if noisy else demonstrator_response(config, env)
-        ids = tok(text, add_special_tokens=False)["input_ids"] + [chat.eos_id]
+        ids = chat.response_ids(text)
         if noisy:
             seq.extend(MultimodalSequence(ids, [0] * len(ids), [0.0] * len(ids), [0] * len(ids)))
         else:

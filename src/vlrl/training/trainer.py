@@ -49,8 +49,8 @@ from vlrl.algo.grpo import (
     step_advantages,
 )
 from vlrl.config import RunConfig, config_to_yaml
-from vlrl.envs.base import build_split
-from vlrl.errors import TimeLimitReached, WorkerDiedError
+from vlrl.envs.base import build_split, env_class
+from vlrl.errors import TimeLimitReached, VlrlError, WorkerDiedError
 from vlrl.eval.evaluate import EvalResult
 from vlrl.rollout.episodes import Episode, RolloutStats
 from vlrl.rollout.lora_mode import logprob_gap_check
@@ -147,6 +147,11 @@ class GRPOTrainer(RecoveryMixin):
     def setup(self) -> None:
         """Start the workers (local or on Ray), build the task splits; a new run also writes its config."""
         c = self.config
+        if c.algo.exploring_starts and not env_class(c.env.name).lists_legal_responses():
+            raise VlrlError(
+                f"algo.exploring_starts needs env '{c.env.name}' to list its legal moves (a legal_responses() "
+                "method); set algo.exploring_starts=false"
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoints = CheckpointStore(self.run_dir / "checkpoints", keep=c.train.keep_checkpoints)
         if not self.checkpoints.checkpoints():  # else: written once the resume is accepted (or at a fresh start)

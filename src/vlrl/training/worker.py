@@ -166,7 +166,15 @@ class Worker:
             return []
         self.engine.wake_up()
         return run_episodes(
-            self.engine, self.chat, self.config.env, tasks, group_size, params, self.config.rollout.max_model_len, stats
+            self.engine,
+            self.chat,
+            self.config.env,
+            tasks,
+            group_size,
+            params,
+            self.config.rollout.max_model_len,
+            stats,
+            exploring_starts=self.config.algo.exploring_starts,
         )
 
     def evaluate(self, tasks: list[Task], greedy: bool, label: str, seed: int | None = None) -> EvalResult:

@@ -397,6 +397,11 @@ class MazeEnv(MazeEpisode):
         observation = None if self.done else Observation(self._images(), feedback)
         return StepResult(observation, reward, self.done, info)
 
+    def legal_responses(self) -> list[str]:
+        """`<action>X</action>` for each move a wall does not block (what the picture shows around the agent)."""
+        self._check_started("legal_responses")
+        return [f"<action>{m}</action>" for m in MOVES if self.maze.move(self.pos, m) is not None]
+
     def format_response(self, text: str) -> str:
         """A typed move as a response: `right` -> `<action>right</action>` (tagged text is kept)."""
         return text if "<action>" in text.lower() else f"<action>{text}</action>"
