@@ -214,10 +214,10 @@ class AlgoConfig(Section):
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards are all equal and sample more (DAPO).")
     exploring_starts: bool = Field(
         False,
-        description="Multi-turn: the G episodes of a task do not sample their first move, they share out the env's "
-        "legal first moves (`Env.legal_responses`; the maze: the unblocked moves), so each group compares every "
-        "first move by what followed it. Those moves have no sampling log-prob: needs old_logprobs 'trainer' and "
-        "rollout_correction 'off'.",
+        description="Multi-turn: every legal first move is tried. The first episodes of each group take the env's "
+        "legal first moves (`Env.legal_responses`; the maze: the unblocked moves), the rest sample as usual, so each "
+        "group compares every first move by what followed it. The forced moves have no sampling log-prob: needs "
+        "old_logprobs 'trainer' and rollout_correction 'off'.",
     )
     max_resample_rounds: int = Field(3, ge=0, description="With dynamic sampling: extra rounds to refill the batch.")
     eps_low: float = Field(0.2, ge=0, lt=1, description="Lower clip of the importance ratio: 1 - eps_low.")

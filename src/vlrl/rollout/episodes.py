@@ -12,12 +12,14 @@ observation (`vlrl.algo.grpo.step_advantages`). The text is part of it on purpos
 turn after a bump sees the same picture with "Cannot move right into a wall.", and it is among such
 turns that repeating the bump and trying another way are told apart.
 
-With `exploring_starts` (`algo.exploring_starts`), the first turn is not sampled: the G episodes
-of a task split the env's legal first moves between them (`Env.legal_responses`, in an order
-shuffled per task), so every group compares each first move by what followed it, whatever the
-policy would have chosen: the Monte Carlo "exploring starts" of Sutton & Barto (5.3). Those
-responses are not the policy's samples, so they carry no sampling log-prob (NaN): the update's
-ratio uses the trainer's own old log-probs, and the sampler/trainer gap skips them.
+With `exploring_starts` (`algo.exploring_starts`), every legal first move is tried: the first
+episodes of each group take the env's legal first moves (`Env.legal_responses`, in an order
+shuffled per task), the rest of the group samples as usual. So every group compares each first move
+by what followed it, whatever the policy would have chosen (the Monte Carlo "exploring starts" of
+Sutton & Barto, 5.3), and the sampled ones still show the policy's own mistakes (a bump, which no
+legal move is). The forced responses are not the policy's samples, so they carry no sampling
+log-prob (NaN): the update's ratio uses the trainer's own old log-probs, and the sampler/trainer
+gap skips them.
 """
 
 from __future__ import annotations
@@ -108,13 +110,12 @@ def run_episodes(
             episodes.append(Episode(task, group, prompt.copy(), adapter_version=engine.adapter_version))
     stats.env_s += time.perf_counter() - t0
 
-    # Turn 1: one prompt per task, G samples each (or the legal first moves, with exploring starts).
+    # Turn 1: one prompt per task, G samples each; with exploring starts the first ones are replaced.
+    turn_params = SamplingParams(**{**params.__dict__, "n": group_size})
+    completions = _generate(engine, first_prompts, turn_params, stats)
     if exploring_starts:
-        responses = _exploring_starts(chat, envs, group_size, random.Random(params.seed))
-    else:
-        turn_params = SamplingParams(**{**params.__dict__, "n": group_size})
-        completions = _generate(engine, first_prompts, turn_params, stats)
-        responses = [c for per_task in completions for c in per_task]
+        _force_legal_first_moves(chat, envs, completions, random.Random(params.seed))
+    responses = [c for per_task in completions for c in per_task]
     active = list(range(len(episodes)))
     turn = 0
     while active:
@@ -164,18 +165,18 @@ def run_episodes(
     return episodes
 
 
-def _exploring_starts(chat: ChatFormat, envs: list[Env], group_size: int, rng: random.Random) -> list[Completion]:
-    """The first response of every episode: each task's legal moves, shuffled, dealt round the group."""
-    out: list[Completion] = []
-    for first in range(0, len(envs), group_size):
-        moves = envs[first].legal_responses()
+def _force_legal_first_moves(
+    chat: ChatFormat, envs: list[Env], completions: list[list[Completion]], rng: random.Random
+) -> None:
+    """Replace the first samples of each task's group by its legal moves, shuffled (as many as fit)."""
+    for group, samples in enumerate(completions):
+        moves = envs[group * len(samples)].legal_responses()
         if not moves:
-            raise VlrlError(f"exploring starts: env '{envs[first].name}' lists no legal first move for this task")
+            raise VlrlError(f"exploring starts: env '{envs[0].name}' lists no legal first move for this task")
         rng.shuffle(moves)
-        for k in range(group_size):
-            ids = chat.response_ids(moves[k % len(moves)])
-            out.append(Completion(ids, [math.nan] * len(ids), moves[k % len(moves)], "stop"))
-    return out
+        for k, move in enumerate(moves[: len(samples)]):
+            ids = chat.response_ids(move)
+            samples[k] = Completion(ids, [math.nan] * len(ids), move, "stop")
 
 
 def _generate(
