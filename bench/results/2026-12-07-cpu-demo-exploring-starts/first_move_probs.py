@@ -39,7 +39,12 @@ def main() -> None:
         scored = worker.policy.score_no_grad(seqs, with_adapter=adapter != "none")
         logp = [float(lp[torch.tensor(s.loss_mask[1:], dtype=torch.bool)].sum()) for s, lp in zip(seqs, scored)]
         rows.append(
-            {"index": task.index, "logp": dict(zip(MOVES, logp)), "oracle": env.oracle_response(), "legal": env.legal_responses()}
+            {
+                "index": task.index,
+                "logp": dict(zip(MOVES, logp)),
+                "oracle": env.oracle_response(),
+                "legal": env.legal_responses(),
+            }
         )
     json.dump(rows, sys.stdout)
 

@@ -39,9 +39,16 @@ def accuracy(files: list[str]) -> dict:
 
 def forced(path: str, probs_path: str) -> dict:
     p = {r["index"]: r for r in json.load(open(probs_path))}
-    c = {"mazes": 0, "legal_first_moves": {}, "policy_first_is_oracle": 0, "policy_first_wrong": 0,
-         "wrong_first_policy_path_succeeds": 0, "wrong_first_oracle_first_then_policy_succeeds": 0,
-         "right_first_succeeds": 0, "some_first_move_always_succeeds": 0}
+    c = {
+        "mazes": 0,
+        "legal_first_moves": {},
+        "policy_first_is_oracle": 0,
+        "policy_first_wrong": 0,
+        "wrong_first_policy_path_succeeds": 0,
+        "wrong_first_oracle_first_then_policy_succeeds": 0,
+        "right_first_succeeds": 0,
+        "some_first_move_always_succeeds": 0,
+    }
     for r in json.load(open(path)):
         q = probs(p[r["index"]])
         top = f"<action>{max(q, key=q.get)}</action>"
