@@ -29,6 +29,8 @@ run 0 esm16 $ES10 $G2 algo.mini_batch_size=16 &                        # twice t
 run 0 esconst $ES10 $G2 train.lr_schedule=constant & wait              # no cosine decay
 run 1 esp32ds $ES10 $G2 &
 run 0 esp64e1 $ES10 algo.group_size=2 algo.tasks_per_step=64 algo.dynamic_sampling=true algo.ppo_epochs=1 & wait
+run 0 eskl $ES10 $G2 algo.kl_coef=0.05 &                               # anchored to the start
+run 0 esnov $ES10 $G2 model.lora.include_vision=false & wait           # no LoRA on the vision tower
 # run 0 esf $ES10 algo.update_turns=first                              # with update-first-turn.patch applied
 # Does the mechanism learn at all? 16 training tasks only, 20 steps, 2 threads (666643f):
 $V train $C model.path=$START/sftL_0 model.init_tiny=null tracking.enabled=false runtime.torch_threads=2 \
@@ -40,7 +42,8 @@ T() { ls $1/*/traces.jsonl; }
 pair() { PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py "$@"; }
 pair armA=$(T $START/eval-A_0) t16g4=$(T $DENSE/eval-t16g4_0) es=$(T $W/eval-es_0) es10=$(T $W/eval-es10_0) \
   esp=$(T $W/eval-esp_0) esp32ds=$(T $W/eval-esp32ds_0) esm16=$(T $W/eval-esm16_0) esconst=$(T $W/eval-esconst_0) \
-  esp64e1=$(T $W/eval-esp64e1_0) esf=$(T $W/eval-esf_0) > $R/seed0-paired.json
+  esp64e1=$(T $W/eval-esp64e1_0) esf=$(T $W/eval-esf_0) eskl=$(T $W/eval-eskl_0) esnov=$(T $W/eval-esnov_0) \
+  > $R/seed0-paired.json
 pair armA=$(T $START/eval-A_1) t16g4=$(T $DENSE/eval-t16g4_1) es=$(T $W/eval-es_1) es10=$(T $W/eval-es10_1) \
   esp32ds=$(T $W/eval-esp32ds_1) > $R/seed1-paired.json
 # The first move: how sure each policy is (400 holdout mazes; 16 training tasks for tiny16), and what forcing it is worth.
