@@ -1,6 +1,8 @@
 """Summaries of first_move_probs.py and forced_first_move.py files.
 
-usage: python summary.py NAME=probs.json ...                       first-move argmax accuracy, P(oracle), entropy
+usage: python summary.py NAME=probs.json ...                       first-move argmax accuracy, P(oracle), entropy,
+                                                                   and the first moves each later NAME fixed or
+                                                                   broke against the first
        python summary.py --forced forced.json probs.json            what forcing the first move is worth
 """
 
@@ -23,17 +25,24 @@ def move(response: str) -> str:
 
 def accuracy(files: list[str]) -> dict:
     out = {}
+    first_right: list[bool] | None = None  # per maze, the first file's (the start's) first move is the oracle's
     for arg in files:
         name, path = arg.split("=", 1)
         rows = json.load(open(path))
         p = [probs(r) for r in rows]
         oracle = [move(r["oracle"]) for r in rows]
+        right = [max(q, key=q.get) == o for q, o in zip(p, oracle)]
         out[name] = {
             "mazes": len(rows),
-            "argmax_is_oracle": sum(max(q, key=q.get) == o for q, o in zip(p, oracle)) / len(rows),
+            "argmax_is_oracle": sum(right) / len(rows),
             "mean_p_oracle": sum(q[o] for q, o in zip(p, oracle)) / len(rows),
             "mean_entropy_nats": sum(-sum(x * math.log(x) for x in q.values() if x > 0) for q in p) / len(rows),
         }
+        if first_right is None:
+            first_right = right
+        else:  # against the first file, maze by maze (the same tasks in the same order)
+            out[name]["wrong_to_right"] = sum(not a and b for a, b in zip(first_right, right))
+            out[name]["right_to_wrong"] = sum(a and not b for a, b in zip(first_right, right))
     return out
 
 
