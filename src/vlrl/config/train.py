@@ -19,12 +19,13 @@ class SftConfig(Section):
         "that GRPO can start from.",
     )
     episodes: int = Field(512, ge=1, description="Demonstrator transcripts generated for behaviour cloning.")
-    demonstrator: Literal["oracle", "walker", "walker_random"] = Field(
+    demonstrator: Literal["oracle", "walker", "walker_random", "walker_blind"] = Field(
         "oracle",
         description="Who plays the SFT transcripts: `oracle` (the env's perfect policy; the maze: BFS), or an "
         "imperfect demonstrator, so that GRPO has something imitation cannot give: `walker` (the maze: a "
         "depth-first walk with a goal-facing preferred branch and backtracking, deterministic; "
-        "src/vlrl/envs/maze/walker.py) or `walker_random` (the same with a per-episode seeded order). Recorded in "
+        "src/vlrl/envs/maze/walker.py), `walker_random` (the same with a per-episode seeded order) or `walker_blind` "
+        "(goal-blind: the fixed order up, right, down, left in every maze). Recorded in "
         "the lineage with its measured success on the SFT tasks.",
     )
     epochs: int = Field(2, ge=1, description="Passes over the transcripts.")

@@ -411,8 +411,8 @@ class MazeEnv(MazeEpisode):
         self._check_started("oracle_response")
         return f"<action>{next_action(self.maze, self.pos)}</action>"
 
-    # The imperfect demonstrators of train.sft.demonstrator (walker, walker_random): envs/maze/walker.py.
-    demonstrators = ("walker", "walker_random")
+    # The imperfect demonstrators of train.sft.demonstrator: envs/maze/walker.py.
+    demonstrators = ("walker", "walker_random", "walker_blind")
     _walker: DfsWalker | None = None  # the started demonstrator of this episode
 
     def start_demonstrator(self, name: str, rng: random.Random) -> None:
@@ -420,7 +420,7 @@ class MazeEnv(MazeEpisode):
         self._check_started("start_demonstrator")
         if name not in self.demonstrators:
             raise VlrlError(f"maze has no demonstrator '{name}'; {did_you_mean(name, self.demonstrators)}")
-        self._walker = DfsWalker.for_maze(self.maze, rng if name == "walker_random" else None)
+        self._walker = DfsWalker.named(name, self.maze, rng)
 
     def demonstrator_response(self) -> str:
         """`<action>X</action>` with the demonstrator's move at the agent's position (start_demonstrator first)."""

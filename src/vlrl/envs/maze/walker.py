@@ -9,10 +9,13 @@ says `stop` (or the episode has ended, when `env.stop_required` is false). A dep
 a preferred branch: it always finds the goal of a perfect maze, but often after the turn limit, as
 an explorer does, not a planner (measured: bench/results/2026-12-03-cpu-demo-demonstrator/README.md).
 
-Two kinds (`train.sft.demonstrator`):
+Three kinds (`train.sft.demonstrator`):
 - `walker`: deterministic, the same maze gives the same walk (ties broken up, right, down, left);
 - `walker_random`: stochastic, the moves towards the goal and those away from it each in an order
-  drawn once per episode from an rng (the SFT seeds it per task and train.seed), then kept.
+  drawn once per episode from an rng (the SFT seeds it per task and train.seed), then kept;
+- `walker_blind`: deterministic and goal-blind, the fixed order up, right, down, left in every maze
+  (it still stops on the goal). A weaker demonstrator, for tasks where the goal-facing walker leaves
+  little between itself and the oracle (the CPU demo's 3x3 mazes: walker 71.5%, oracle ~95%).
 """
 
 from __future__ import annotations
@@ -38,6 +41,13 @@ class DfsWalker:
             raise ValueError(f"a walker's order must be the four moves once each, got {order}")
         self.maze, self.order = maze, tuple(order)
         self.visited: set[Cell] = {maze.start}
+
+    @classmethod
+    def named(cls, name: str, maze: Maze, rng: random.Random) -> DfsWalker:
+        """The walker of demonstrator `name` (`walker`, `walker_random`, `walker_blind`) on `maze`."""
+        if name == "walker_blind":
+            return cls(maze, FIXED_ORDER)
+        return cls.for_maze(maze, rng if name == "walker_random" else None)
 
     @classmethod
     def for_maze(cls, maze: Maze, rng: random.Random | None = None) -> DfsWalker:
