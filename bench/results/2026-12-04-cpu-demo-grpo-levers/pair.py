@@ -1,12 +1,14 @@
-"""Pair greedy evaluations on the CPU demo's holdout mazes task by task (McNemar), with the walker's own play.
+"""Pair greedy evaluations on the CPU demo's holdout mazes task by task (McNemar), with a demonstrator's own play.
 
-usage: python pair.py NAME=TRACES.jsonl ... > paired.json
-Each NAME is paired with every later NAME and with the walker (train.sft.demonstrator of configs/demo-cpu.yaml)
+usage: python pair.py [--demonstrator NAME] [--seed S] NAME=TRACES.jsonl ... > paired.json
+Each NAME is paired with every later NAME and with the demonstrator (default: configs/demo-cpu.yaml's
+train.sft.demonstrator; `walker_random` draws its orders from train.seed S, as the SFT of that seed did)
 on the same tasks (the `vlrl eval` traces' split and index).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -23,14 +25,22 @@ def trace_outcomes(path: str) -> dict[str, bool]:
 
 
 def main() -> None:
-    named = dict(arg.split("=", 1) for arg in sys.argv[1:])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--demonstrator", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("runs", nargs="+", help="NAME=TRACES.jsonl")
+    args = parser.parse_args()
+    named = dict(arg.split("=", 1) for arg in args.runs)
     outcomes = {name: trace_outcomes(path) for name, path in named.items()}
     n = len(next(iter(outcomes.values())))
-    config = load_config("configs/demo-cpu.yaml")
+    overrides = [f"train.seed={args.seed}"]
+    if args.demonstrator:
+        overrides.append(f"train.sft.demonstrator={args.demonstrator}")
+    config = load_config("configs/demo-cpu.yaml", overrides)
     tasks = build_split(config.env, "holdout")[:n]
     walk = demonstrator_result(config, tasks).outcomes()
     by_key = {task_key(t): f"holdout/{i}" for i, t in enumerate(tasks)}
-    outcomes["walker"] = {by_key[k]: v for k, v in walk.items()}
+    outcomes[config.train.sft.demonstrator] = {by_key[k]: v for k, v in walk.items()}
     names = list(outcomes)
     rows = []
     for i, a in enumerate(names):
