@@ -136,7 +136,7 @@ def test_walk_plays_the_walker_it_is_given():
 def test_the_blind_walker_keeps_one_order_and_is_weaker_than_the_goal_facing_one():
     """`walker_blind` ignores the goal: the same order (up, right, down, left) in every maze. On the CPU
     demo's 3x3 mazes at 6 turns it solves 55.25% of the first 400 holdout mazes, the goal-facing walker
-    71.5% (bench/results/2026-12-07-cpu-demo-blind-walker/). Here 200, with a margin."""
+    71.5% (bench/results/2026-12-07-cpu-demo-volume-bound/). Here 200, with a margin."""
     tasks, env_config = _tasks("configs/demo-cpu.yaml", [], 200)
     mazes = [maze_for_task(t) for t in tasks]
     assert all(DfsWalker.named("walker_blind", m, random.Random(i)).order == FIXED_ORDER for i, m in enumerate(mazes))
