@@ -38,6 +38,8 @@ start walker_blind 4096 B
 # 3. GRPO from each start (both seeds), and arm A for walker_random: its SFT continued for arm B's wall time.
 grpo $W/sftR_0 resp_0 & grpo $W/sftR_1 resp_1 & wait
 grpo $W/sftB_0 Besp_0 & grpo $W/sftB_1 Besp_1 & wait
+# the walker_random starts without exploring starts (ES minus algo.exploring_starts)
+grpo $W/sftR_0 rnat_0 algo.exploring_starts=false & grpo $W/sftR_1 rnat_1 algo.exploring_starts=false & wait
 for S in 0 1; do
   MIN=$(python3 -c "print(round($(grep -o 'wall=[0-9]*' $W/logs/resp_$S.log | cut -d= -f2) / 60, 3))")
   ( $V sft $C model.path=$W/sftR_$S model.init_tiny=null train.sft.demonstrator=walker_random train.sft.max_minutes=$MIN \
@@ -81,7 +83,7 @@ T() { ls $1/*/traces.jsonl; }
 pair() { PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py "$@"; }
 for S in 0 1; do
   pair --demonstrator walker_random --seed $S sftR=$(T $W/eval-sftR_$S) armA=$(T $W/eval-AR_$S) \
-    grpo=$(T $W/eval-resp_$S) > $R/walker_random-seed$S-paired.json
+    grpo=$(T $W/eval-resp_$S) grpo_no_es=$(T $W/eval-rnat_$S) > $R/walker_random-seed$S-paired.json
   pair --demonstrator walker_blind --seed $S sftB=$(T $W/eval-sftB_$S) grpo=$(T $W/eval-Besp_$S) \
     > $R/walker_blind-seed$S-paired.json
 done
