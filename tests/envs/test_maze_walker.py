@@ -141,6 +141,8 @@ def test_the_blind_walker_keeps_one_order_and_is_weaker_than_the_goal_facing_one
     mazes = [maze_for_task(t) for t in tasks]
     assert all(DfsWalker.named("walker_blind", m, random.Random(i)).order == FIXED_ORDER for i, m in enumerate(mazes))
     assert DfsWalker.named("walker", mazes[0], random.Random(0)).order == preferred_order(mazes[0])
+    with pytest.raises(ValueError, match="no walker named 'walker_blnd'"):
+        DfsWalker.named("walker_blnd", mazes[0], random.Random(0))
     blind = sum(
         walk(m, env_config.max_turns, walker=DfsWalker.named("walker_blind", m, random.Random(0))) for m in mazes
     )

@@ -50,7 +50,7 @@ from vlrl.envs.maze.splits import (
     maze_split_version,
     train_overlap,
 )
-from vlrl.envs.maze.walker import DfsWalker
+from vlrl.envs.maze.walker import DEMONSTRATORS, DfsWalker
 from vlrl.envs.replay import episode_trace, replay_env_trace
 from vlrl.errors import VlrlError
 from vlrl.sections import did_you_mean
@@ -412,7 +412,7 @@ class MazeEnv(MazeEpisode):
         return f"<action>{next_action(self.maze, self.pos)}</action>"
 
     # The imperfect demonstrators of train.sft.demonstrator: envs/maze/walker.py.
-    demonstrators = ("walker", "walker_random", "walker_blind")
+    demonstrators = DEMONSTRATORS
     _walker: DfsWalker | None = None  # the started demonstrator of this episode
 
     def start_demonstrator(self, name: str, rng: random.Random) -> None:

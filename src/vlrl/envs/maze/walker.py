@@ -26,6 +26,7 @@ from collections import deque
 from vlrl.envs.maze.maze import Cell, Maze
 
 FIXED_ORDER = ("up", "right", "down", "left")
+DEMONSTRATORS = ("walker", "walker_random", "walker_blind")  # the names DfsWalker.named knows
 
 
 class DfsWalker:
@@ -44,7 +45,9 @@ class DfsWalker:
 
     @classmethod
     def named(cls, name: str, maze: Maze, rng: random.Random) -> DfsWalker:
-        """The walker of demonstrator `name` (`walker`, `walker_random`, `walker_blind`) on `maze`."""
+        """The walker of demonstrator `name` (one of DEMONSTRATORS) on `maze`."""
+        if name not in DEMONSTRATORS:
+            raise ValueError(f"no walker named {name!r}; the walkers are {', '.join(DEMONSTRATORS)}")
         if name == "walker_blind":
             return cls(maze, FIXED_ORDER)
         return cls.for_maze(maze, rng if name == "walker_random" else None)
