@@ -35,6 +35,12 @@ start() { D=$1; EPISODES=$2; TAG=$3
 start walker_random 8192 R
 start walker_blind 4096 B
 
+# 2b. How sure the walker_random start is of its first move, beside sftL_0 (ES_W: the exploring-starts report's W).
+XR=bench/results/2026-12-07-cpu-demo-exploring-starts
+PYTHONPATH=src .venv/bin/python $XR/first_move_probs.py $W/sftR_0 none 400 > $W/probs-sftR_0.json
+PYTHONPATH=src .venv/bin/python $XR/summary.py sftR_0=$W/probs-sftR_0.json sftL_0=${ES_W:-/tmp/es}/probe/probs-start.json \
+  > $R/first_move_probs-sftR_0.json
+
 # 3. GRPO from each start (both seeds), and arm A for walker_random: its SFT continued for arm B's wall time.
 grpo $W/sftR_0 resp_0 & grpo $W/sftR_1 resp_1 & wait
 grpo $W/sftB_0 Besp_0 & grpo $W/sftB_1 Besp_1 & wait
