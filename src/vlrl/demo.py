@@ -30,6 +30,7 @@ from vlrl.models.loading import ensure_model
 from vlrl.report.plots import learning_curve
 from vlrl.training.progress import train_with_progress
 from vlrl.training.sft import demonstrator_result, reached_target, run_sft
+from vlrl.training.vision_pretrain import pretrain_vision
 
 
 def peak_memory_mb() -> float:
@@ -53,8 +54,21 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
         model_dir = ensure_model(config.model)
     phase("model", t0)
 
+    seeing = config.train.vision_pretrain.in_demo
+    stages = 4 if seeing else 3
+    if seeing:
+        # A real checkpoint's vision tower already sees; the random tiny one learns to first, from square labels
+        # alone (no paths, no actions), so what SFT and GRPO learn afterwards is acting on what it sees.
+        console.rule(f"1/{stages} vision pretraining: {config.train.vision_pretrain.steps} steps on square labels")
+        t0 = time.perf_counter()
+        with console.status("pretraining the vision tower"):
+            model_dir = pretrain_vision(config, out / "seeing-model", overwrite=True)
+        config = config.model_copy(deep=True)
+        config.model.path, config.model.init_tiny = str(model_dir), None
+        phase("vision", t0)
+
     who = config.train.sft.demonstrator
-    console.rule(f"1/3 SFT warm start on {who} transcripts")
+    console.rule(f"{stages - 2}/{stages} SFT warm start on {who} transcripts")
     t0 = time.perf_counter()
     from rich.progress import Progress
 
@@ -83,7 +97,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     grpo_config = config.model_copy(deep=True)
     if full:
         grpo_config.model.path, grpo_config.model.init_tiny = str(sft_dir), None
-    console.rule(f"2/3 GRPO with LoRA from the SFT {'model' if full else 'adapter'}")
+    console.rule(f"{stages - 1}/{stages} GRPO with LoRA from the SFT {'model' if full else 'adapter'}")
     t0 = time.perf_counter()
     grpo_dir = train_with_progress(
         grpo_config, out / "grpo", init_adapter=None if full else str(sft_dir), console=console
@@ -91,7 +105,7 @@ def run_demo(config: RunConfig, out: str | Path, console: Console | None = None)
     phase("grpo", t0)
 
     n_eval = config.env.holdout.count
-    console.rule(f"3/3 evaluation on {n_eval} holdout tasks (greedy), and the {who} on the same tasks")
+    console.rule(f"{stages}/{stages} evaluation on {n_eval} holdout tasks (greedy), and the {who} on the same tasks")
     t0 = time.perf_counter()
     if full:
         models = [("base", None, None), ("sft", str(sft_dir), None), ("grpo", str(sft_dir), str(grpo_dir))]

@@ -8,6 +8,7 @@ stage runs and that demo.json reports what the table shows.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -66,3 +67,29 @@ def test_demo_runs_end_to_end_on_tiny_settings(ci_config, tmp_path):
     text = " ".join(console.export_text().split())
     assert "McNemar p" in text and "grpo vs sft" in text and "grpo vs demonstrator" in text
     assert "GRPO vs its SFT start (SFT on the walker)" in text and "GRPO vs the walker itself" in text
+
+
+def test_demo_pretrains_the_vision_tower_first_when_asked_and_starts_sft_from_it(ci_config, tmp_path):
+    from vlrl.models.fingerprint import model_fingerprint
+
+    cfg = ci_config(
+        "train.vision_pretrain.in_demo=true",
+        "train.vision_pretrain.steps=2",
+        "train.vision_pretrain.tasks=8",
+        "train.vision_pretrain.eval_tasks=4",
+        "train.vision_pretrain.batch_size=4",
+        "train.sft.mode=full",
+        "train.sft.episodes=8",
+        "train.sft.batch_size=8",
+        "train.steps=1",
+        "env.holdout.count=4",
+    )
+    base = cfg.model.path
+    report = run_demo(cfg, tmp_path / "demo", Console(record=True, width=160))
+    seeing = tmp_path / "demo" / "seeing-model"
+    assert set(report["phase_s"]) == {"model", "vision", "sft", "grpo", "eval"}
+    assert report["model"] == str(seeing) and model_fingerprint(seeing) != model_fingerprint(base)
+    # SFT (full weights) started from the seeing model: its lineage names it as the base it trained
+    sft_meta = json.loads((tmp_path / "demo" / "sft-adapter" / "vlrl_sft.json").read_text())
+    assert Path(sft_meta["trained_from"]).resolve() == seeing.resolve()
+    assert cfg.model.path == base  # the caller's config is not changed

@@ -86,6 +86,11 @@ class VisionPretrainConfig(Section):
     )
     eval_tasks: int = Field(200, ge=1, description="Holdout images the perception scores are measured on.")
     eval_every: int = Field(100, ge=1, description="Steps between two measurements on the holdout images.")
+    in_demo: bool = Field(
+        False,
+        description="`vlrl demo`: pretrain the built model's vision tower with these settings before the SFT warm "
+        "start, so SFT and GRPO start from a model that already sees the maze (the demo's `base` row is then it).",
+    )
 
 
 GuardAction = Literal["warn", "skip", "rollback", "stop"]
