@@ -1,7 +1,8 @@
 """The embedded demo, end to end on a CPU: what `make demo` runs.
 
-    build the demo model offline -> SFT on an imperfect demonstrator's transcripts
-    (train.sft.demonstrator: the maze's depth-first walker) -> GRPO with LoRA -> evaluate base,
+    build the demo model offline -> [pretrain its vision tower on square labels, when
+    train.vision_pretrain.in_demo] -> SFT on an imperfect demonstrator's transcripts
+    (train.sft.demonstrator: one of the maze's depth-first walkers) -> GRPO with LoRA -> evaluate base,
     demonstrator-SFT and GRPO on the holdout split, and the demonstrator itself on the same tasks
     -> table with 95% intervals, paired comparisons on the same tasks (McNemar's exact test) -> plot
 
