@@ -323,7 +323,10 @@ def test_registering_a_new_candidate_hot_swaps_the_watched_alias(served):
     while _state(served)["routes"][name] != f"{name}:v2":
         assert time.monotonic() < deadline, "the watcher did not swap:\n" + served.log.read_text()[-2000:]
         time.sleep(0.5)
-    assert "version 1 -> 2" in served.log.read_text()
+    # The route flips on the server before the watcher prints its line, so wait for the line too.
+    while "version 1 -> 2" not in served.log.read_text():
+        assert time.monotonic() < deadline, "the watcher swapped but did not say so:\n" + served.log.read_text()[-2000:]
+        time.sleep(0.2)
 
 
 def test_served_prompts_are_the_tokens_the_training_engine_builds(served):
