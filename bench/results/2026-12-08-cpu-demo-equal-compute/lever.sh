@@ -2,15 +2,10 @@
 # A GRPO variant from each seed's demo SFT model (run.sh's W), alone on the 2-core CPU like the demo's GRPO, then
 # evaluated on the same 400 holdout mazes and paired with the demo's GRPO and arm A.
 #   NAME=ppo1 SET="algo.ppo_epochs=1 train.steps=110" bash bench/results/2026-12-08-cpu-demo-equal-compute/lever.sh
-# DEMO_DIR_S as in run.sh.
-set -u
-cd "$(git rev-parse --show-toplevel)"
-R=bench/results/2026-12-08-cpu-demo-equal-compute
-W=${W:-/tmp/ec}
-V=.venv/bin/vlrl
-C=configs/demo-cpu.yaml
+# W and DEMO_DIR_S: see common.sh.
+. "$(dirname "$0")/common.sh"
 for S in ${SEEDS:-0 1}; do
-  var=DEMO_DIR_$S; D=${!var:-$W/demo$S}
+  D=$(demo_dir $S)
   t0=$(date +%s.%N)
   # shellcheck disable=SC2086
   $V train $C model.path=$D/sft-adapter model.init_tiny=null train.seed=$S tracking.enabled=false \
@@ -18,8 +13,7 @@ for S in ${SEEDS:-0 1}; do
   wall=$(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 1))" $t0 $(date +%s.%N))
   $V eval -c $C --model $D/sft-adapter --adapter $W/runs$S/$NAME/adapter model.init_tiny=null tracking.enabled=false \
     storage.root=$W/runs$S --no-base -n 400 -o $W/eval-$NAME$S > $W/eval-$NAME$S.log 2>&1
-  PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py --demonstrator walker_random \
-    --seed $S grpo=$D/eval/grpo/traces.jsonl A=$(ls $W/eval-A$S/*/traces.jsonl) \
+  pair --seed $S grpo=$D/eval/grpo/traces.jsonl A=$(ls $W/eval-A$S/*/traces.jsonl) \
     $NAME=$(ls $W/eval-$NAME$S/*/traces.jsonl) > $R/$NAME-paired-seed$S.json
   cp $W/runs$S/$NAME/metrics.jsonl $R/$NAME-metrics-seed$S.jsonl
   python3 - $R/$NAME-paired-seed$S.json "$NAME" "$S" "$wall" <<'P' | tee -a $R/levers.txt

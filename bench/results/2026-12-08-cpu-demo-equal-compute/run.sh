@@ -4,16 +4,10 @@
 # many seconds as the demo's GRPO phase took (train.sft.max_minutes; other transcripts, train.seed 2000+S), alone.
 # All three (the demo's SFT start, GRPO, arm A) are then evaluated on the same 400 holdout mazes and paired.
 # From the checkout's root:  SEEDS="0 1" bash bench/results/2026-12-08-cpu-demo-equal-compute/run.sh
-# W holds everything (default /tmp/ec). DEMO_DIR_S=path reuses a demo already run for seed S (e.g. by `make demo`).
-set -u
-cd "$(git rev-parse --show-toplevel)"
-R=bench/results/2026-12-08-cpu-demo-equal-compute
-W=${W:-/tmp/ec}
-V=.venv/bin/vlrl
-C=configs/demo-cpu.yaml
-mkdir -p $W
+# W and DEMO_DIR_S: see common.sh.
+. "$(dirname "$0")/common.sh"
 for S in ${SEEDS:-0 1}; do
-  var=DEMO_DIR_$S; D=${!var:-$W/demo$S}
+  D=$(demo_dir $S)
   if [ ! -f $D/demo.json ]; then
     $V demo -c $C -o $D model.path=$W/tiny-demo-ci-$S storage.root=$W/runs$S train.seed=$S > $W/demo$S.log 2>&1
   fi
@@ -25,7 +19,7 @@ for S in ${SEEDS:-0 1}; do
   cp $W/A$S/sft_history.json $R/armA-seed$S-sft_history.json
   E="-c $C model.init_tiny=null tracking.enabled=false storage.root=$W/runs$S -n 400"
   $V eval $E --model $W/A$S -o $W/eval-A$S > $W/eval-A$S.log 2>&1
-  PYTHONPATH=src .venv/bin/python bench/results/2026-12-04-cpu-demo-grpo-levers/pair.py --demonstrator walker_random --seed $S \
+  pair --seed $S \
     sft=$(ls $D/eval/sft/traces.jsonl) grpo=$(ls $D/eval/grpo/traces.jsonl) A=$(ls $W/eval-A$S/*/traces.jsonl) \
     > $R/paired-seed$S.json
   cat $R/paired-seed$S.json
